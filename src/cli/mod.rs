@@ -1,0 +1,42 @@
+//! Subcommands of the `sorft` binary, one file each.
+
+use clap::{Parser, Subcommand};
+
+/// sorft: subtask-oriented reinforcement fine-tuning of code LLMs, on one machine.
+#[derive(Parser, Debug)]
+#[command(name = "sorft", version, about, long_about = None)]
+pub struct Cli {
+    /// Worker threads for the CPU backend (default: all cores).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    /// More log output (-v info, -vv debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+}
+
+/// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
+pub fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SORFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs one subcommand.
+pub fn run(cmd: Command) -> anyhow::Result<()> {
+    match cmd {}
+}

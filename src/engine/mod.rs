@@ -1,0 +1,1 @@
+//! Tensors and the backend boundary.
