@@ -1,5 +1,9 @@
 //! Subcommands of the `sorft` binary, one file each.
 
+pub mod generate;
+pub mod model;
+pub mod score;
+
 use clap::{Parser, Subcommand};
 
 /// sorft: subtask-oriented reinforcement fine-tuning of code LLMs, on one machine.
@@ -19,6 +23,12 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Generate text from a model.
+    Generate(generate::GenerateArgs),
+    /// Per-token log-probabilities of a text.
+    Score(score::ScoreArgs),
+    /// Create or describe models.
+    Model(model::ModelArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -38,5 +48,9 @@ pub fn init_logging(verbose: u8) {
 
 /// Runs one subcommand.
 pub fn run(cmd: Command) -> anyhow::Result<()> {
-    match cmd {}
+    match cmd {
+        Command::Generate(a) => generate::run(a),
+        Command::Score(a) => score::run(a),
+        Command::Model(a) => model::run(a),
+    }
 }

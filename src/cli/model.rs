@@ -1,0 +1,134 @@
+//! `sorft model init|info`: create the embedded default model, describe a model directory.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+
+use sorft::model::config::ModelConfig;
+use sorft::model::init::{init_model, Preset, EMBEDDED_CORPUS};
+use sorft::model::weights::WeightFiles;
+use sorft::model::Tokenizer;
+
+/// Arguments of `sorft model`.
+#[derive(Args, Debug)]
+pub struct ModelArgs {
+    #[command(subcommand)]
+    pub command: ModelCommand,
+}
+
+/// Subcommands of `sorft model`.
+#[derive(Subcommand, Debug)]
+pub enum ModelCommand {
+    /// Create a randomly initialised Qwen2-architecture model and its BPE tokenizer.
+    Init {
+        /// Size preset.
+        #[arg(long, value_enum, default_value_t = Preset::Small)]
+        preset: Preset,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Random seed of the weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Train the tokenizer on these text files instead of the embedded corpus.
+        #[arg(long)]
+        corpus: Vec<PathBuf>,
+    },
+    /// Describe a model directory.
+    Info {
+        /// Model directory.
+        dir: PathBuf,
+    },
+}
+
+/// Runs `sorft model`.
+pub fn run(a: ModelArgs) -> Result<()> {
+    match a.command {
+        ModelCommand::Init {
+            preset,
+            out,
+            seed,
+            corpus,
+        } => {
+            let texts: Vec<String> = if corpus.is_empty() {
+                vec![EMBEDDED_CORPUS.to_string()]
+            } else {
+                corpus
+                    .iter()
+                    .map(|p| std::fs::read_to_string(p).with_context(|| format!("{}", p.display())))
+                    .collect::<Result<_>>()?
+            };
+            let s = init_model(preset, &out, seed, &texts)?;
+            println!(
+                "created {} ({:?} preset): {} parameters, {} layers, hidden {}, vocab {} (tokenizer {})",
+                out.display(),
+                preset,
+                s.params,
+                s.config.num_layers,
+                s.config.hidden_size,
+                s.config.vocab_size,
+                s.tokenizer_vocab
+            );
+            Ok(())
+        }
+        ModelCommand::Info { dir } => info(&dir),
+    }
+}
+
+fn info(dir: &std::path::Path) -> Result<()> {
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let files = WeightFiles::open(dir)?;
+    let mut dtypes: Vec<String> = files
+        .dtype_summary()
+        .into_iter()
+        .map(|(d, n)| format!("{d}: {n}"))
+        .collect();
+    dtypes.sort();
+    let stored: usize = files
+        .tensors
+        .values()
+        .map(|e| e.shape.iter().product::<usize>())
+        .sum();
+    println!("model:        {}", dir.display());
+    println!("architecture: {:?}", cfg.family);
+    println!(
+        "shape:        {} layers, hidden {}, heads {} (kv {}), head_dim {}, mlp {}",
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.intermediate_size
+    );
+    println!(
+        "vocab:        {} ({} embeddings), max positions {}, rope theta {}",
+        cfg.vocab_size,
+        if cfg.tie_word_embeddings {
+            "tied"
+        } else {
+            "untied"
+        },
+        cfg.max_position_embeddings,
+        cfg.rope_theta
+    );
+    println!("parameters:   {} (stored: {stored})", cfg.num_params());
+    println!("dtypes:       {}", dtypes.join(", "));
+    println!("shards:       {}", files.shards.len());
+    for s in &files.shards {
+        println!("  {} ({} bytes)", s.path.display(), s.map.len());
+    }
+    let tp = dir.join("tokenizer.json");
+    if tp.exists() {
+        let t = Tokenizer::from_file(&tp)?;
+        t.check_fits(cfg.vocab_size)?;
+        println!(
+            "tokenizer:    {} tokens, stop ids {:?}",
+            t.vocab_size(),
+            t.stop_ids()
+        );
+    } else {
+        println!("tokenizer:    none");
+    }
+    Ok(())
+}

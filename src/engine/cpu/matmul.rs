@@ -1,0 +1,220 @@
+//! Matrix products on the CPU.
+//!
+//! Large products go through the `gemm` crate (chosen over `matrixmultiply` by measurement, see
+//! `benches/gemm.rs`). Products with few rows (decode steps) use a dot-product kernel whose result
+//! for a row does not depend on how many rows are batched with it, so a batch of sequences decodes
+//! to exactly the tokens each sequence gets alone.
+
+use rayon::prelude::*;
+
+use super::attention::dot;
+use super::{f32s, tensor_f32, Cpu};
+use crate::engine::error::{EngineError, Result};
+use crate::engine::Tensor;
+
+/// Up to this many rows, `linear` uses the row-independent dot-product kernel.
+pub const SMALL_M: usize = 16;
+
+/// Output columns handled by one task of the small-row kernel.
+const COLS_PER_TASK: usize = 32;
+
+/// A strided view of a row-major or transposed matrix operand.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    /// The elements.
+    pub data: &'a [f32],
+    /// Stride between rows.
+    pub rs: usize,
+    /// Stride between columns.
+    pub cs: usize,
+}
+
+/// `c [m, n] (+)= a [m, k] @ b [k, n]` through the gemm crate; `c` is row-major and contiguous.
+pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.iter_mut().for_each(|x| *x = 0.0);
+        }
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 && m * n * k >= 32 * 32 * 32 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the slices outlive the call, the strides address only elements inside them (checked
+    // by the callers' shape checks), and `c` is not aliased by `a` or `b`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// `x [m, k] @ w [n, k]^T (+ bias)`.
+pub fn linear(x: &Tensor<Cpu>, w: &Tensor<Cpu>, bias: Option<&Tensor<Cpu>>) -> Result<Tensor<Cpu>> {
+    let (m, k) = x.dims2("linear")?;
+    let (n, k2) = w.dims2("linear")?;
+    if k != k2 {
+        return Err(EngineError::Shape {
+            op: "linear",
+            detail: format!("input {:?} with weight {:?}", x.shape(), w.shape()),
+        });
+    }
+    let bias = match bias {
+        Some(b) => {
+            if b.dims1("linear")? != n {
+                return Err(EngineError::Shape {
+                    op: "linear",
+                    detail: format!("bias {:?} for {n} outputs", b.shape()),
+                });
+            }
+            Some(f32s(b, "linear")?)
+        }
+        None => None,
+    };
+    let xs = f32s(x, "linear")?;
+    let ws = f32s(w, "linear")?;
+    let mut out = if m <= SMALL_M {
+        linear_small(xs, ws, m, n, k)
+    } else {
+        let mut out = vec![0.0f32; m * n];
+        gemm(
+            m,
+            n,
+            k,
+            MatRef {
+                data: xs,
+                rs: k,
+                cs: 1,
+            },
+            MatRef {
+                data: ws,
+                rs: 1,
+                cs: k,
+            },
+            &mut out,
+            false,
+        );
+        out
+    };
+    if let Some(b) = bias {
+        out.par_chunks_mut(n.max(1)).for_each(|row| {
+            row.iter_mut().zip(b).for_each(|(o, &b)| *o += b);
+        });
+    }
+    Ok(tensor_f32(out, &[m, n]))
+}
+
+/// The small-row kernel: every output is one `dot` of a row of `x` with a row of `w`.
+fn linear_small(xs: &[f32], ws: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out_t = vec![0.0f32; n * m];
+    if m == 0 || n == 0 {
+        return vec![0.0; m * n];
+    }
+    out_t
+        .par_chunks_mut(m * COLS_PER_TASK)
+        .enumerate()
+        .for_each(|(task, block)| {
+            let j0 = task * COLS_PER_TASK;
+            for (jj, col) in block.chunks_exact_mut(m).enumerate() {
+                let wr = &ws[(j0 + jj) * k..(j0 + jj + 1) * k];
+                for (i, o) in col.iter_mut().enumerate() {
+                    *o = dot(&xs[i * k..(i + 1) * k], wr);
+                }
+            }
+        });
+    let mut out = vec![0.0f32; m * n];
+    for j in 0..n {
+        for i in 0..m {
+            out[i * n + j] = out_t[j * m + i];
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::rng::SplitMix;
+
+    fn naive(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+        let mut o = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                o[i * n + j] = (0..k)
+                    .map(|p| x[i * k + p] as f64 * w[j * k + p] as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn linear_matches_naive_for_small_and_large_m() {
+        let mut r = SplitMix::new(5);
+        for &(m, n, k) in &[
+            (1, 7, 5),
+            (3, 33, 17),
+            (16, 64, 40),
+            (17, 65, 33),
+            (70, 90, 129),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|_| r.next_normal() as f32).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| r.next_normal() as f32).collect();
+            let xt = tensor_f32(x.clone(), &[m, k]);
+            let wt = tensor_f32(w.clone(), &[n, k]);
+            let got = linear(&xt, &wt, None).unwrap();
+            let got = f32s(&got, "t").unwrap();
+            let want = naive(&x, &w, m, n, k);
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                    "{m}x{n}x{k}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn small_kernel_rows_do_not_depend_on_batch() {
+        let mut r = SplitMix::new(9);
+        let (n, k) = (50, 77);
+        let x: Vec<f32> = (0..8 * k).map(|_| r.next_normal() as f32).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| r.next_normal() as f32).collect();
+        let batch = linear_small(&x, &w, 8, n, k);
+        for i in 0..8 {
+            let one = linear_small(&x[i * k..(i + 1) * k], &w, 1, n, k);
+            assert_eq!(&batch[i * n..(i + 1) * n], &one[..]);
+        }
+    }
+
+    #[test]
+    fn shape_mismatch_is_an_error() {
+        let x = tensor_f32(vec![0.0; 6], &[2, 3]);
+        let w = tensor_f32(vec![0.0; 8], &[2, 4]);
+        assert!(linear(&x, &w, None).is_err());
+    }
+}

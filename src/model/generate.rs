@@ -1,0 +1,315 @@
+//! Batched generation: each request is prefilled into a free KV-cache slot, then all active
+//! sequences decode one token per step together; a slot is refilled as soon as its sequence ends
+//! (continuous batching). Per-sequence sampling parameters; results do not depend on the batch.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Backend, SamplingParams};
+use crate::model::error::{ModelError, Result};
+use crate::model::kv_cache::KvCache;
+use crate::model::tokenizer::Tokenizer;
+use crate::model::transformer::{Model, Step};
+
+/// One sequence to generate.
+#[derive(Clone, Debug, Default)]
+pub struct GenRequest {
+    /// Prompt token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// Most tokens to generate.
+    pub max_new_tokens: usize,
+    /// Token ids that end the sequence (kept in the output ids).
+    pub stop_ids: Vec<u32>,
+    /// Strings that end the sequence (cut from the output text).
+    pub stop_strings: Vec<String>,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was generated.
+    Stop,
+    /// A stop string appeared in the text.
+    StopString,
+    /// `max_new_tokens` were generated.
+    Length,
+}
+
+/// One generated sequence.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GenOutput {
+    /// Generated token ids (including a final stop token).
+    pub ids: Vec<u32>,
+    /// Log-probability of each generated token (see [`crate::engine::sampling::Sampled`]).
+    pub logprobs: Vec<f32>,
+    /// Decoded text without special tokens, cut before a stop string.
+    pub text: String,
+    /// Why it ended.
+    pub finish: FinishReason,
+}
+
+/// Options of a generation call.
+#[derive(Clone, Debug)]
+pub struct GenOptions {
+    /// Sequences decoded together (KV-cache slots).
+    pub max_batch: usize,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for GenOptions {
+    fn default() -> Self {
+        Self {
+            max_batch: 8,
+            progress: false,
+        }
+    }
+}
+
+struct Active {
+    req: usize,
+    cached: usize,
+    ids: Vec<u32>,
+    logprobs: Vec<f32>,
+}
+
+fn validate<B: Backend>(
+    model: &Model<B>,
+    tok: Option<&Tokenizer>,
+    reqs: &[GenRequest],
+) -> Result<()> {
+    let c = &model.config;
+    for (i, r) in reqs.iter().enumerate() {
+        r.params
+            .validate()
+            .map_err(|e| ModelError::Input(format!("request {i}: {e}")))?;
+        if r.prompt.is_empty() {
+            return Err(ModelError::Input(format!("request {i}: empty prompt")));
+        }
+        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::Input(format!(
+                "request {i}: token id {bad} is out of range for a vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        let total = r.prompt.len() + r.max_new_tokens;
+        if total > c.max_position_embeddings {
+            return Err(ModelError::Input(format!(
+                "request {i}: prompt of {} tokens plus {} new tokens exceeds max_position_embeddings {}",
+                r.prompt.len(),
+                r.max_new_tokens,
+                c.max_position_embeddings
+            )));
+        }
+        if !r.stop_strings.is_empty() && tok.is_none() {
+            return Err(ModelError::Input(format!(
+                "request {i}: stop strings need a tokenizer"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Generates a continuation for every request; outputs come back in request order.
+pub fn generate<B: Backend>(
+    model: &Model<B>,
+    tok: Option<&Tokenizer>,
+    reqs: &[GenRequest],
+    opts: &GenOptions,
+) -> Result<Vec<GenOutput>> {
+    validate(model, tok, reqs)?;
+    let mut outputs: Vec<Option<GenOutput>> = vec![None; reqs.len()];
+    if reqs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let max_seq = reqs
+        .iter()
+        .map(|r| r.prompt.len() + r.max_new_tokens)
+        .max()
+        .unwrap_or(1);
+    let n_slots = opts.max_batch.max(1).min(reqs.len());
+    let mut cache = KvCache::new(&model.backend, &model.config, n_slots, max_seq)?;
+    let bar = if opts.progress {
+        indicatif::ProgressBar::new(reqs.len() as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} sequences {elapsed}<{eta} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut slots: Vec<Option<Active>> = (0..n_slots).map(|_| None).collect();
+    let mut next = 0usize;
+    let mut generated = 0usize;
+    let start = std::time::Instant::now();
+    loop {
+        // Fill free slots with new requests (one prefill each, so rows never depend on the batch).
+        for slot in 0..n_slots {
+            while slots[slot].is_none() && next < reqs.len() {
+                let i = next;
+                next += 1;
+                let r = &reqs[i];
+                if r.max_new_tokens == 0 {
+                    outputs[i] = Some(finish(
+                        tok,
+                        r,
+                        Vec::new(),
+                        Vec::new(),
+                        FinishReason::Length,
+                    )?);
+                    bar.inc(1);
+                    continue;
+                }
+                let n = r.prompt.len();
+                let sl = vec![slot as u32; n];
+                let pos: Vec<u32> = (0..n as u32).collect();
+                let logits = model.forward(
+                    &mut cache,
+                    &Step {
+                        ids: &r.prompt,
+                        slots: &sl,
+                        positions: &pos,
+                        logit_rows: &[n as u32 - 1],
+                    },
+                )?;
+                let s = model.backend.sample(&logits, &[r.params], &[0])?;
+                let mut a = Active {
+                    req: i,
+                    cached: n,
+                    ids: vec![s[0].id],
+                    logprobs: vec![s[0].logprob],
+                };
+                generated += 1;
+                match check_done(tok, r, &a.ids)? {
+                    Some(reason) => {
+                        outputs[i] = Some(finish(
+                            tok,
+                            r,
+                            std::mem::take(&mut a.ids),
+                            a.logprobs,
+                            reason,
+                        )?);
+                        bar.inc(1);
+                    }
+                    None => slots[slot] = Some(a),
+                }
+            }
+        }
+        let active: Vec<usize> = (0..n_slots).filter(|&s| slots[s].is_some()).collect();
+        if active.is_empty() {
+            break;
+        }
+        let mut ids = Vec::with_capacity(active.len());
+        let mut sl = Vec::with_capacity(active.len());
+        let mut pos = Vec::with_capacity(active.len());
+        let mut params = Vec::with_capacity(active.len());
+        let mut counters = Vec::with_capacity(active.len());
+        for &s in &active {
+            if let Some(a) = &slots[s] {
+                ids.push(*a.ids.last().unwrap_or(&0));
+                sl.push(s as u32);
+                pos.push(a.cached as u32);
+                params.push(reqs[a.req].params);
+                counters.push(a.ids.len() as u64);
+            }
+        }
+        let rows: Vec<u32> = (0..active.len() as u32).collect();
+        let logits = model.forward(
+            &mut cache,
+            &Step {
+                ids: &ids,
+                slots: &sl,
+                positions: &pos,
+                logit_rows: &rows,
+            },
+        )?;
+        let sampled = model.backend.sample(&logits, &params, &counters)?;
+        for (k, &s) in active.iter().enumerate() {
+            let done = match slots[s].as_mut() {
+                Some(a) => {
+                    a.cached += 1;
+                    a.ids.push(sampled[k].id);
+                    a.logprobs.push(sampled[k].logprob);
+                    generated += 1;
+                    check_done(tok, &reqs[a.req], &a.ids)?
+                }
+                None => None,
+            };
+            if let Some(reason) = done {
+                if let Some(a) = slots[s].take() {
+                    let r = &reqs[a.req];
+                    outputs[a.req] = Some(finish(tok, r, a.ids, a.logprobs, reason)?);
+                    bar.inc(1);
+                }
+            }
+        }
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        bar.set_message(format!("{:.0} tok/s", generated as f64 / secs));
+    }
+    bar.finish_and_clear();
+    outputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, o)| o.ok_or_else(|| ModelError::Input(format!("request {i} produced no output"))))
+        .collect()
+}
+
+fn check_done(
+    tok: Option<&Tokenizer>,
+    r: &GenRequest,
+    ids: &[u32],
+) -> Result<Option<FinishReason>> {
+    let last = ids.last().copied().unwrap_or(0);
+    if r.stop_ids.contains(&last) {
+        return Ok(Some(FinishReason::Stop));
+    }
+    if !r.stop_strings.is_empty() {
+        if let Some(t) = tok {
+            let text = t.decode(ids, true)?;
+            if r.stop_strings
+                .iter()
+                .any(|s| !s.is_empty() && text.contains(s.as_str()))
+            {
+                return Ok(Some(FinishReason::StopString));
+            }
+        }
+    }
+    if ids.len() >= r.max_new_tokens {
+        return Ok(Some(FinishReason::Length));
+    }
+    Ok(None)
+}
+
+fn finish(
+    tok: Option<&Tokenizer>,
+    r: &GenRequest,
+    ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    finish: FinishReason,
+) -> Result<GenOutput> {
+    let mut text = match tok {
+        Some(t) => t.decode(&ids, true)?,
+        None => String::new(),
+    };
+    if finish == FinishReason::StopString {
+        let cut = r
+            .stop_strings
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        if let Some(c) = cut {
+            text.truncate(c);
+        }
+    }
+    Ok(GenOutput {
+        ids,
+        logprobs,
+        text,
+        finish,
+    })
+}

@@ -1,0 +1,261 @@
+//! The decoder-only transformer of the Qwen2 and Llama families: forward with a KV cache.
+
+use std::path::Path;
+
+use crate::engine::backend::AttentionShape;
+use crate::engine::{Backend, HostData, Tensor};
+use crate::model::config::ModelConfig;
+use crate::model::error::{ModelError, Result};
+use crate::model::kv_cache::KvCache;
+use crate::model::weights::WeightFiles;
+
+/// Weights of one transformer block.
+pub struct Block<B: Backend> {
+    /// RMSNorm before attention.
+    pub input_norm: Tensor<B>,
+    /// Query projection `[heads*hd, d]`.
+    pub q: Tensor<B>,
+    /// Key projection `[kv_heads*hd, d]`.
+    pub k: Tensor<B>,
+    /// Value projection `[kv_heads*hd, d]`.
+    pub v: Tensor<B>,
+    /// Query bias.
+    pub q_bias: Option<Tensor<B>>,
+    /// Key bias.
+    pub k_bias: Option<Tensor<B>>,
+    /// Value bias.
+    pub v_bias: Option<Tensor<B>>,
+    /// Output projection `[d, heads*hd]`.
+    pub o: Tensor<B>,
+    /// RMSNorm before the MLP.
+    pub post_norm: Tensor<B>,
+    /// MLP gate `[i, d]`.
+    pub gate: Tensor<B>,
+    /// MLP up `[i, d]`.
+    pub up: Tensor<B>,
+    /// MLP down `[d, i]`.
+    pub down: Tensor<B>,
+}
+
+/// A loaded model on a backend.
+pub struct Model<B: Backend> {
+    /// The configuration.
+    pub config: ModelConfig,
+    /// The backend holding the weights.
+    pub backend: B,
+    /// Token embedding `[vocab, d]`.
+    pub embed: Tensor<B>,
+    /// The blocks.
+    pub blocks: Vec<Block<B>>,
+    /// Final RMSNorm.
+    pub norm: Tensor<B>,
+    /// LM head `[vocab, d]`; `None` when tied to the embedding.
+    pub lm_head: Option<Tensor<B>>,
+}
+
+/// The tokens of one forward step: token `i` is `ids[i]` at `positions[i]` of cache slot
+/// `slots[i]`; logits are computed for the rows listed in `logit_rows`.
+#[derive(Clone, Copy, Debug)]
+pub struct Step<'a> {
+    /// Token ids.
+    pub ids: &'a [u32],
+    /// Cache slot of each token.
+    pub slots: &'a [u32],
+    /// Position of each token in its sequence.
+    pub positions: &'a [u32],
+    /// Rows whose logits are wanted.
+    pub logit_rows: &'a [u32],
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads `config.json` and the safetensors weights of a model directory.
+    pub fn load(backend: &B, dir: &Path) -> Result<Self> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let files = WeightFiles::open(dir)?;
+        Self::from_weights(backend, config, &files)
+    }
+
+    /// Builds the model from opened weight files.
+    pub fn from_weights(backend: &B, config: ModelConfig, w: &WeightFiles) -> Result<Self> {
+        let c = &config;
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let (q, kv, i) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
+        let mut blocks = Vec::with_capacity(c.num_layers);
+        for l in 0..c.num_layers {
+            let p = format!("model.layers.{l}");
+            let bias = |name: &str, n: usize| -> Result<Option<Tensor<B>>> {
+                if c.qkv_bias {
+                    Ok(Some(w.load(
+                        backend,
+                        &format!("{p}.self_attn.{name}.bias"),
+                        &[n],
+                    )?))
+                } else {
+                    Ok(None)
+                }
+            };
+            blocks.push(Block {
+                input_norm: w.load(backend, &format!("{p}.input_layernorm.weight"), &[d])?,
+                q: w.load(backend, &format!("{p}.self_attn.q_proj.weight"), &[q, d])?,
+                k: w.load(backend, &format!("{p}.self_attn.k_proj.weight"), &[kv, d])?,
+                v: w.load(backend, &format!("{p}.self_attn.v_proj.weight"), &[kv, d])?,
+                q_bias: bias("q_proj", q)?,
+                k_bias: bias("k_proj", kv)?,
+                v_bias: bias("v_proj", kv)?,
+                o: w.load(backend, &format!("{p}.self_attn.o_proj.weight"), &[d, q])?,
+                post_norm: w.load(
+                    backend,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    &[d],
+                )?,
+                gate: w.load(backend, &format!("{p}.mlp.gate_proj.weight"), &[i, d])?,
+                up: w.load(backend, &format!("{p}.mlp.up_proj.weight"), &[i, d])?,
+                down: w.load(backend, &format!("{p}.mlp.down_proj.weight"), &[d, i])?,
+            });
+        }
+        let embed = w.load(backend, "model.embed_tokens.weight", &[c.vocab_size, d])?;
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(w.load(backend, "lm_head.weight", &[c.vocab_size, d])?)
+        };
+        let norm = w.load(backend, "model.norm.weight", &[d])?;
+        Ok(Self {
+            config,
+            backend: backend.clone(),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+        })
+    }
+
+    /// The LM head matrix (the embedding when tied).
+    pub fn head(&self) -> &Tensor<B> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The attention layout of this model.
+    pub fn attention_shape(&self) -> AttentionShape {
+        let c = &self.config;
+        AttentionShape {
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        }
+    }
+
+    fn check_step(&self, cache: &KvCache<B>, s: &Step<'_>) -> Result<()> {
+        let n = s.ids.len();
+        if s.slots.len() != n || s.positions.len() != n {
+            return Err(ModelError::Input(format!(
+                "step has {n} ids, {} slots and {} positions",
+                s.slots.len(),
+                s.positions.len()
+            )));
+        }
+        if let Some(&bad) = s
+            .ids
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ModelError::Input(format!(
+                "token id {bad} is out of range for a vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        if let Some(&bad) = s.positions.iter().find(|&&p| p as usize >= cache.max_seq) {
+            return Err(ModelError::Input(format!(
+                "position {bad} exceeds the cache length {}",
+                cache.max_seq
+            )));
+        }
+        if let Some(&bad) = s.slots.iter().find(|&&x| x as usize >= cache.slots) {
+            return Err(ModelError::Input(format!(
+                "slot {bad} exceeds the cache's {} slots",
+                cache.slots
+            )));
+        }
+        if let Some(&bad) = s.logit_rows.iter().find(|&&r| r as usize >= n) {
+            return Err(ModelError::Input(format!(
+                "logit row {bad} of a {n}-token step"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs one step through the model, writing keys and values into `cache`; returns the logits
+    /// `[logit_rows.len(), vocab]`.
+    pub fn forward(&self, cache: &mut KvCache<B>, s: &Step<'_>) -> Result<Tensor<B>> {
+        self.check_step(cache, s)?;
+        let b = &self.backend;
+        let c = &self.config;
+        let n = s.ids.len();
+        let ids = b.upload(HostData::U32(s.ids), &[n])?;
+        let slots = b.upload(HostData::U32(s.slots), &[n])?;
+        let pos = b.upload(HostData::U32(s.positions), &[n])?;
+        let rows = b.upload(HostData::U32(s.logit_rows), &[s.logit_rows.len()])?;
+        let shape = self.attention_shape();
+        let mut x = b.embedding(&self.embed, &ids)?;
+        for (l, blk) in self.blocks.iter().enumerate() {
+            let h = b.rms_norm(&x, &blk.input_norm, c.rms_norm_eps)?;
+            let mut q = b.linear(&h, &blk.q, blk.q_bias.as_ref())?;
+            let mut k = b.linear(&h, &blk.k, blk.k_bias.as_ref())?;
+            let v = b.linear(&h, &blk.v, blk.v_bias.as_ref())?;
+            b.rope(&mut q, &pos, c.head_dim, c.rope_theta)?;
+            b.rope(&mut k, &pos, c.head_dim, c.rope_theta)?;
+            b.kv_write(&mut cache.k[l], &k, &slots, &pos)?;
+            b.kv_write(&mut cache.v[l], &v, &slots, &pos)?;
+            let a = b.attention(&q, &cache.k[l], &cache.v[l], &slots, &pos, shape)?;
+            let o = b.linear(&a, &blk.o, None)?;
+            b.add_assign(&mut x, &o)?;
+            let h = b.rms_norm(&x, &blk.post_norm, c.rms_norm_eps)?;
+            let g = b.linear(&h, &blk.gate, None)?;
+            let u = b.linear(&h, &blk.up, None)?;
+            let m = b.swiglu(&g, &u)?;
+            let dn = b.linear(&m, &blk.down, None)?;
+            b.add_assign(&mut x, &dn)?;
+        }
+        let last = b.gather_rows(&x, &rows)?;
+        let h = b.rms_norm(&last, &self.norm, c.rms_norm_eps)?;
+        Ok(b.linear(&h, self.head(), None)?)
+    }
+
+    /// Log-probabilities of a token sequence: `out[i] = log p(ids[i] | ids[..i])` for `i >= 1`,
+    /// and the full log-softmax rows `[n-1, vocab]` for the positions that predict them.
+    pub fn score(&self, ids: &[u32]) -> Result<(Vec<f32>, Tensor<B>)> {
+        let n = ids.len();
+        if n < 2 {
+            return Err(ModelError::Input(
+                "scoring needs at least two tokens".into(),
+            ));
+        }
+        if n > self.config.max_position_embeddings {
+            return Err(ModelError::Input(format!(
+                "{n} tokens exceed max_position_embeddings {}",
+                self.config.max_position_embeddings
+            )));
+        }
+        let mut cache = KvCache::new(&self.backend, &self.config, 1, n)?;
+        let slots = vec![0u32; n];
+        let positions: Vec<u32> = (0..n as u32).collect();
+        let rows: Vec<u32> = (0..n as u32 - 1).collect();
+        let logits = self.forward(
+            &mut cache,
+            &Step {
+                ids,
+                slots: &slots,
+                positions: &positions,
+                logit_rows: &rows,
+            },
+        )?;
+        let lsm = self.backend.log_softmax(&logits)?;
+        let host = self.backend.to_host_f32(&lsm)?;
+        let v = self.config.vocab_size;
+        let lps = (1..n)
+            .map(|i| host[(i - 1) * v + ids[i] as usize])
+            .collect();
+        Ok((lps, lsm))
+    }
+}

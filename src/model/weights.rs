@@ -1,0 +1,298 @@
+//! Weights from `*.safetensors` files, memory-mapped: a single `model.safetensors` or shards listed
+//! by `model.safetensors.index.json`. Tensors stay in the map until a backend takes them (the CPU
+//! backend uses f32 tensors in place).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
+use serde_json::Value;
+
+use crate::engine::backend::MappedBytes;
+use crate::engine::{Backend, DType, Tensor};
+use crate::model::error::{ModelError, Result};
+
+/// Where one tensor lives.
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    /// Index of its shard in [`WeightFiles::shards`].
+    pub shard: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Byte range inside the shard's map.
+    pub start: usize,
+    /// End of the byte range.
+    pub end: usize,
+}
+
+/// One memory-mapped safetensors file.
+pub struct Shard {
+    /// Its path.
+    pub path: PathBuf,
+    /// The map.
+    pub map: Arc<memmap2::Mmap>,
+}
+
+/// All weight files of a model directory.
+pub struct WeightFiles {
+    /// The mapped files.
+    pub shards: Vec<Shard>,
+    /// Every tensor by name.
+    pub tensors: BTreeMap<String, TensorEntry>,
+}
+
+fn dtype_from_st(d: StDtype) -> Option<DType> {
+    match d {
+        StDtype::F32 => Some(DType::F32),
+        StDtype::BF16 => Some(DType::BF16),
+        StDtype::F16 => Some(DType::F16),
+        StDtype::U32 => Some(DType::U32),
+        _ => None,
+    }
+}
+
+fn dtype_to_st(d: DType) -> StDtype {
+    match d {
+        DType::F32 => StDtype::F32,
+        DType::BF16 => StDtype::BF16,
+        DType::F16 => StDtype::F16,
+        DType::U32 => StDtype::U32,
+    }
+}
+
+fn map_file(path: &Path) -> Result<Arc<memmap2::Mmap>> {
+    let f = File::open(path).map_err(|e| ModelError::io(path, e))?;
+    // SAFETY: the map is read-only; a model file modified by another process while mapped would
+    // change the weights we read, but cannot make us read outside the mapping.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ModelError::io(path, e))?;
+    Ok(Arc::new(map))
+}
+
+impl WeightFiles {
+    /// Opens the weights of a model directory.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        if index.exists() {
+            Self::open_sharded(dir, &index)
+        } else if single.exists() {
+            let mut w = Self {
+                shards: Vec::new(),
+                tensors: BTreeMap::new(),
+            };
+            w.add_shard(&single, None)?;
+            Ok(w)
+        } else {
+            Err(ModelError::invalid(
+                dir,
+                "weights",
+                "no model.safetensors or model.safetensors.index.json",
+            ))
+        }
+    }
+
+    fn open_sharded(dir: &Path, index: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::invalid(index, "json", e.to_string()))?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| ModelError::invalid(index, "weight_map", "missing or not an object"))?;
+        let mut by_file: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| {
+                ModelError::invalid(index, format!("weight_map.{name}"), "not a file name")
+            })?;
+            if file.contains('/') || file.contains("..") {
+                return Err(ModelError::invalid(
+                    index,
+                    format!("weight_map.{name}"),
+                    format!("shard {file:?} is not a plain file name"),
+                ));
+            }
+            by_file
+                .entry(file.to_string())
+                .or_default()
+                .push(name.clone());
+        }
+        let mut w = Self {
+            shards: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        for (file, names) in by_file {
+            let path = dir.join(&file);
+            if !path.exists() {
+                return Err(ModelError::invalid(
+                    index,
+                    "weight_map",
+                    format!("shard {file} is missing"),
+                ));
+            }
+            w.add_shard(&path, Some(&names))?;
+        }
+        Ok(w)
+    }
+
+    fn add_shard(&mut self, path: &Path, expected: Option<&[String]>) -> Result<()> {
+        let map = map_file(path)?;
+        let st = SafeTensors::deserialize(&map[..]).map_err(|e| {
+            ModelError::invalid(path, "header", format!("not a valid safetensors file: {e}"))
+        })?;
+        let shard = self.shards.len();
+        let base = map.as_ptr() as usize;
+        for (name, view) in st.iter() {
+            let dtype = dtype_from_st(view.dtype()).ok_or_else(|| {
+                ModelError::invalid(path, name, format!("unsupported dtype {:?}", view.dtype()))
+            })?;
+            let data = view.data();
+            let start = data.as_ptr() as usize - base;
+            self.tensors.insert(
+                name.to_string(),
+                TensorEntry {
+                    shard,
+                    dtype,
+                    shape: view.shape().to_vec(),
+                    start,
+                    end: start + data.len(),
+                },
+            );
+        }
+        if let Some(names) = expected {
+            for n in names {
+                if !self.tensors.contains_key(n) {
+                    return Err(ModelError::invalid(
+                        path,
+                        n,
+                        "listed in the index but absent from the shard (partial shard?)",
+                    ));
+                }
+            }
+        }
+        drop(st);
+        self.shards.push(Shard {
+            path: path.to_path_buf(),
+            map,
+        });
+        Ok(())
+    }
+
+    /// Whether a tensor exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Loads a floating-point tensor with the expected shape into a backend.
+    pub fn load<B: Backend>(&self, backend: &B, name: &str, shape: &[usize]) -> Result<Tensor<B>> {
+        let e = self.tensors.get(name).ok_or_else(|| {
+            let file = self
+                .shards
+                .first()
+                .map(|s| s.path.clone())
+                .unwrap_or_default();
+            ModelError::invalid(file, name, "tensor missing")
+        })?;
+        let shard = &self.shards[e.shard];
+        if e.shape != shape {
+            return Err(ModelError::invalid(
+                &shard.path,
+                name,
+                format!("shape {:?}, expected {:?}", e.shape, shape),
+            ));
+        }
+        if e.dtype == DType::U32 {
+            return Err(ModelError::invalid(
+                &shard.path,
+                name,
+                "dtype U32, expected a float type",
+            ));
+        }
+        let src = MappedBytes {
+            map: Arc::clone(&shard.map),
+            start: e.start,
+            end: e.end,
+        };
+        backend
+            .upload_weight(src, e.dtype, shape)
+            .map_err(|err| ModelError::invalid(&shard.path, name, err.to_string()))
+    }
+
+    /// The distinct dtypes of the stored tensors with their parameter counts.
+    pub fn dtype_summary(&self) -> HashMap<DType, usize> {
+        let mut m = HashMap::new();
+        for e in self.tensors.values() {
+            *m.entry(e.dtype).or_insert(0) += e.shape.iter().product::<usize>();
+        }
+        m
+    }
+}
+
+/// A host tensor to be written to a safetensors file.
+#[derive(Clone, Debug)]
+pub struct HostTensor {
+    /// Element type of `bytes`.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Little-endian bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl HostTensor {
+    /// An f32 tensor.
+    pub fn f32(shape: &[usize], data: &[f32]) -> Self {
+        Self {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+            bytes: data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// Writes tensors to a safetensors file atomically (temporary file, fsync, rename).
+pub fn save_safetensors(path: &Path, tensors: &BTreeMap<String, HostTensor>) -> Result<()> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let v = TensorView::new(dtype_to_st(t.dtype), t.shape.clone(), &t.bytes)
+            .map_err(|e| ModelError::invalid(path, name, e.to_string()))?;
+        views.push((name.clone(), v));
+    }
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    let bytes = safetensors::serialize(views, Some(meta))
+        .map_err(|e| ModelError::invalid(path, "serialize", e.to_string()))?;
+    write_atomic(path, &bytes)
+}
+
+/// Writes a file atomically: a temporary file beside it, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into());
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ModelError::io(path, e));
+    }
+    Ok(())
+}
