@@ -1,5 +1,6 @@
 //! Subcommands of the `sorft` binary, one file each.
 
+pub mod bench;
 pub mod generate;
 pub mod model;
 pub mod score;
@@ -29,6 +30,8 @@ pub enum Command {
     Score(score::ScoreArgs),
     /// Create or describe models.
     Model(model::ModelArgs),
+    /// Measure speed (prefill and decode tokens/s).
+    Bench(bench::BenchArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -52,5 +55,6 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Model(a) => model::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }

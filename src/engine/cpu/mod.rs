@@ -4,6 +4,7 @@
 mod attention;
 pub mod matmul;
 mod ops;
+pub mod simd;
 
 use std::sync::Arc;
 
