@@ -1,0 +1,5 @@
+//! Reinforcement fine-tuning: advantages, KL estimators, the PPO / GRPO / RLOO objectives.
+
+pub mod advantage;
+pub mod kl;
+pub mod ppo;
