@@ -2,4 +2,5 @@
 
 pub mod advantage;
 pub mod kl;
+pub mod openai;
 pub mod ppo;
