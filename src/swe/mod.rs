@@ -3,6 +3,7 @@
 //!
 //! Nothing here knows about models; everything is testable on its own.
 
+pub mod codemap;
 pub mod diff;
 pub mod edit;
 pub mod instance;
