@@ -8,3 +8,4 @@ pub mod diff;
 pub mod edit;
 pub mod instance;
 pub mod repo;
+pub mod truth;
