@@ -299,8 +299,14 @@ fn shift(hunks: &mut [Hunk], old_off: usize, new_off: usize) {
     }
 }
 
-/// Per-file predicted diffs (rendered without `index`/section noise) from an edit applied to windows.
-pub fn predicted_file_diffs(windows: &[Window], edit: &WindowEdit) -> BTreeMap<String, String> {
+/// Per-file predicted diffs from an edit applied to windows. With the file's full pre-edit text in
+/// `sources`, the windows are spliced back into it and diffed whole (as the gold diff was); otherwise
+/// the window diffs are shifted to file line numbers.
+pub fn predicted_file_diffs(
+    windows: &[Window],
+    edit: &WindowEdit,
+    sources: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
     let changed: BTreeMap<usize, &String> = edit.changed.iter().map(|(k, t)| (*k, t)).collect();
     let mut by_file: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (k, w) in windows.iter().enumerate() {
@@ -309,6 +315,34 @@ pub fn predicted_file_diffs(windows: &[Window], edit: &WindowEdit) -> BTreeMap<S
     let mut out = BTreeMap::new();
     for (path, mut ks) in by_file {
         ks.sort_by_key(|&k| windows[k].start_line);
+        if !ks.iter().any(|k| changed.contains_key(k)) {
+            continue;
+        }
+        if let Some(src) = sources.get(path) {
+            let lines: Vec<&str> = src.split_inclusive('\n').collect();
+            let mut new = String::with_capacity(src.len() + 64);
+            let mut next = 0usize; // 0-based next line to copy
+            for &k in &ks {
+                let w = &windows[k];
+                let a = (w.start_line - 1).min(lines.len());
+                let b = (a + w.len()).min(lines.len());
+                if a < next {
+                    continue; // overlapping windows: keep the first
+                }
+                new.extend(lines[next..a].iter().copied());
+                match changed.get(&k) {
+                    Some(t) => new.push_str(t),
+                    None => new.extend(lines[a..b].iter().copied()),
+                }
+                next = b;
+            }
+            new.extend(lines[next.min(lines.len())..].iter().copied());
+            let fp = FilePatch::from_texts(Some((path, src)), Some((path, &new)));
+            if !fp.hunks.is_empty() {
+                out.insert(path.to_string(), fp.to_string());
+            }
+            continue;
+        }
         let mut hunks = Vec::new();
         let mut delta: isize = 0;
         for k in ks {
@@ -357,6 +391,7 @@ pub fn gold_file_diffs(gold_patch: &str) -> BTreeMap<String, String> {
 pub fn patch_similarity_reward(
     answer_text: &str,
     shown: &[Window],
+    sources: &BTreeMap<String, String>,
     gold_patch: &str,
 ) -> RewardBreakdown {
     let blocks = answer::parse_edit(answer_text);
@@ -374,7 +409,7 @@ pub fn patch_similarity_reward(
             }
         }
     };
-    let pred = predicted_file_diffs(shown, &edit);
+    let pred = predicted_file_diffs(shown, &edit, sources);
     let files: BTreeSet<&String> = gold.keys().chain(pred.keys()).collect();
     let empty = String::new();
     let mut total = 0.0;

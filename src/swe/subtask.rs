@@ -9,6 +9,7 @@ use crate::swe::repo::Snapshot;
 use crate::swe::reward::{self, RewardBreakdown, Window};
 use crate::swe::truth::{FuncTarget, GroundTruth};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// One of the four subtasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -67,6 +68,9 @@ pub struct Shown {
     /// Code windows (line and edit subtasks).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub windows: Vec<Window>,
+    /// Full pre-edit text of the files with windows (edit subtask; for the patch-similarity diff).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sources: BTreeMap<String, String>,
 }
 
 /// One (instance, subtask) training or evaluation record.
@@ -109,6 +113,7 @@ impl SubtaskRecord {
                 EditReward::PatchSimilarity => reward::patch_similarity_reward(
                     answer_text,
                     &self.shown.windows,
+                    &self.shown.sources,
                     &self.gold_patch,
                 ),
             },
@@ -164,7 +169,7 @@ pub fn function_record(
     let shown = Shown {
         files: files.to_vec(),
         functions,
-        windows: Vec::new(),
+        ..Shown::default()
     };
     record(inst, gt, Subtask::Function, prompt, shown, source)
 }
@@ -188,16 +193,22 @@ pub fn line_record(
     record(inst, gt, Subtask::Line, prompt, shown, source)
 }
 
-/// Edit record over `windows`.
+/// Edit record over `windows`; keeps the full text of their files for the patch-similarity reward.
 pub fn edit_record(
     inst: &Instance,
+    snap: &Snapshot,
     gt: &GroundTruth,
     windows: Vec<Window>,
     source: &str,
 ) -> SubtaskRecord {
     let prompt = prompt::edit_prompt(&inst.problem_statement, &prompt::raw_view(&windows));
+    let sources = windows
+        .iter()
+        .filter_map(|w| snap.text(&w.path).map(|t| (w.path.clone(), t.to_string())))
+        .collect();
     let shown = Shown {
         windows,
+        sources,
         ..Shown::default()
     };
     record(inst, gt, Subtask::Edit, prompt, shown, source)
@@ -217,7 +228,7 @@ pub fn training_records(inst: &Instance, snap: &Snapshot, gt: &GroundTruth) -> V
     if !gt.lines.is_empty() {
         let windows = prompt::truth_windows(snap, &gt.functions, &gt.lines);
         out.push(line_record(inst, snap, gt, windows.clone(), "ground_truth"));
-        out.push(edit_record(inst, gt, windows, "ground_truth"));
+        out.push(edit_record(inst, snap, gt, windows, "ground_truth"));
     }
     out
 }
@@ -253,7 +264,7 @@ pub fn next_from_prediction(
                 })
                 .collect();
             let windows = prompt::windows_for_locations(snap, &[], &lines);
-            (!windows.is_empty()).then(|| edit_record(inst, gt, windows, "prediction"))
+            (!windows.is_empty()).then(|| edit_record(inst, snap, gt, windows, "prediction"))
         }
         Subtask::Edit => None,
     }
