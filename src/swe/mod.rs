@@ -12,4 +12,5 @@ pub mod prompt;
 pub mod repo;
 pub mod reward;
 pub mod subtask;
+pub mod synth;
 pub mod truth;
