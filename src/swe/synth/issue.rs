@@ -120,10 +120,18 @@ pub fn script_line(line: &str) -> Option<String> {
     Some(format!("{pad}{}", t.replace("self.", "")))
 }
 
-/// What the failing assertion reports, as (actual, expected) when it can be read.
-fn observed(report: &str, stmt: &str) -> Option<String> {
-    let last = report.lines().last()?.trim();
-    let msg = last.strip_prefix("AssertionError: ")?;
+/// What the failing assertion reports, as a sentence comparing actual and expected.
+fn observed(report: &str) -> Option<String> {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("AssertionError"))?
+        .trim();
+    let msg = line.strip_prefix("AssertionError: ")?;
+    // "Lists differ: [..] != [..]" -> "[..] != [..]"
+    let msg = match msg.split_once(": ") {
+        Some((head, rest)) if head.ends_with("differ") => rest,
+        _ => msg,
+    };
     if let Some((a, b)) = msg.split_once(" != ") {
         return Some(format!("I get `{a}` but expected `{}`.", b.trim()));
     }
@@ -142,32 +150,51 @@ fn observed(report: &str, stmt: &str) -> Option<String> {
     if let Some(v) = msg.strip_suffix(" is not None") {
         return Some(format!("I get `{v}` where I expected `None`."));
     }
-    if stmt.is_empty() {
-        return None;
-    }
     Some(format!("The check fails with: `{msg}`."))
 }
 
-/// Rewrites a unittest traceback as a script's traceback: test frames become `example.py` frames,
-/// temporary paths become the project path.
-fn script_traceback(report: &str, tmp_prefix: &str, project: &str) -> String {
+/// Rewrites a unittest traceback as the user's script traceback: the test frame becomes an
+/// `example.py` frame showing `stmt` at line `lineno`; temporary paths become the project path.
+fn script_traceback(
+    report: &str,
+    tmp_prefix: &str,
+    project: &str,
+    stmt: &str,
+    lineno: usize,
+) -> String {
     let mut out = Vec::new();
+    let mut skipping = false;
     for l in report.lines() {
         let l = l.replace(tmp_prefix, project);
+        if skipping {
+            if l.starts_with("    ") {
+                continue;
+            }
+            skipping = false;
+        }
         if l.trim_start().starts_with("File ") && l.contains("/tests/test_") {
-            let line_no = l
-                .split("line ")
-                .nth(1)
-                .and_then(|s| s.split(',').next())
-                .unwrap_or("1");
-            out.push(format!(
-                "  File \"example.py\", line {line_no}, in <module>"
-            ));
+            out.push(format!("  File \"example.py\", line {lineno}, in <module>"));
+            out.push(format!("    {stmt}"));
+            skipping = true;
             continue;
         }
         out.push(l);
     }
     out.join("\n")
+}
+
+/// Replaces object addresses (`at 0x7f...`) so that reports are deterministic.
+pub fn scrub_addresses(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(" at 0x") {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i + 6..];
+        let hex = tail.chars().take_while(|c| c.is_ascii_hexdigit()).count();
+        rest = &tail[hex..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Everything the issue writer needs about the failing behaviour.
@@ -212,7 +239,8 @@ pub fn write_issue<R: Rng>(f: &Failure<'_>, rng: &mut R) -> String {
     script.extend(body.iter().filter_map(|l| script_line(l)));
     // The failing statement: the last test-file frame's code line.
     let mut stmt = String::new();
-    let rl: Vec<&str> = f.report.lines().collect();
+    let report = scrub_addresses(f.report);
+    let rl: Vec<&str> = report.lines().collect();
     for (k, l) in rl.iter().enumerate() {
         if l.contains("/tests/test_") && l.trim_start().starts_with("File ") {
             stmt = rl
@@ -221,21 +249,20 @@ pub fn write_issue<R: Rng>(f: &Failure<'_>, rng: &mut R) -> String {
                 .unwrap_or_default();
         }
     }
-    let call = script_line(&stmt)
-        .and_then(|s| s.strip_prefix("print(").map(|x| x.to_string()))
-        .and_then(|s| s.rsplit_once(")  #").map(|(c, _)| c.to_string()))
-        .unwrap_or_default();
+    let call = match script_line(&stmt) {
+        Some(s) if s.starts_with("print(") => s
+            .strip_prefix("print(")
+            .and_then(|x| x.rsplit_once(")  #").map(|(c, _)| c.to_string()))
+            .unwrap_or_default(),
+        Some(s) if s.contains('(') && !s.starts_with('#') => s.trim().to_string(),
+        _ => String::new(),
+    };
     let subject = if call.is_empty() {
         format!("`{}.{}`", f.package, f.module)
     } else {
         format!("`{call}`")
     };
-    let is_error = !f
-        .report
-        .lines()
-        .last()
-        .unwrap_or("")
-        .starts_with("AssertionError");
+    let is_error = !report.lines().any(|l| l.starts_with("AssertionError"));
     let titles = if is_error {
         vec![
             format!("{subject} raises an unexpected exception"),
@@ -272,13 +299,23 @@ pub fn write_issue<R: Rng>(f: &Failure<'_>, rng: &mut R) -> String {
         script.join("\n")
     );
     if is_error {
-        let project = format!("/home/user/{}", f.package);
+        let project = format!("/home/user/{}/", f.package);
+        let shown_stmt = script
+            .iter()
+            .find(|l| !call.is_empty() && l.contains(&call))
+            .map(|l| l.split("  #").next().unwrap_or(l).trim().to_string())
+            .unwrap_or_else(|| stmt.clone());
+        let lineno = script
+            .iter()
+            .position(|l| !call.is_empty() && l.contains(&call))
+            .map(|k| k + 1)
+            .unwrap_or(3);
         text.push_str(&format!(
             "This fails with:\n\n```\n{}\n```\n",
-            script_traceback(f.report, f.tmp_prefix, &project)
+            script_traceback(&report, f.tmp_prefix, &project, &shown_stmt, lineno)
         ));
     } else {
-        match observed(f.report, &stmt) {
+        match observed(&report) {
             Some(o) if !call.is_empty() => text.push_str(&format!("For `{call}`: {o}\n")),
             Some(o) => text.push_str(&format!("{o}\n")),
             None => text.push_str("The output is not what the comments say it should be.\n"),
