@@ -4,3 +4,4 @@ pub mod advantage;
 pub mod kl;
 pub mod openai;
 pub mod ppo;
+pub mod select;
