@@ -1,6 +1,7 @@
 //! Subcommands of the `sorft` binary, one file each.
 
 pub mod bench;
+pub mod data;
 pub mod generate;
 pub mod model;
 pub mod score;
@@ -32,6 +33,8 @@ pub enum Command {
     Model(model::ModelArgs),
     /// Measure speed (prefill and decode tokens/s).
     Bench(bench::BenchArgs),
+    /// Datasets: generate synthetic instances, build subtask records, summarise files.
+    Data(data::DataArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -56,5 +59,6 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Score(a) => score::run(a),
         Command::Model(a) => model::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Data(a) => data::run(a),
     }
 }
