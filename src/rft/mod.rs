@@ -5,3 +5,4 @@ pub mod kl;
 pub mod openai;
 pub mod ppo;
 pub mod select;
+pub mod teacher;
