@@ -44,6 +44,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections have biases.
     pub qkv_bias: bool,
+    /// Whether the attention output projection has a bias (Llama's `attention_bias`).
+    #[serde(default)]
+    pub o_bias: bool,
     /// Longest supported sequence.
     pub max_position_embeddings: usize,
     /// End-of-sequence token ids named by the config.
@@ -132,14 +135,26 @@ impl ModelConfig {
                 });
             }
         }
-        if let Some(rs) = v.get("rope_scaling") {
-            if !rs.is_null() {
-                return Err(ModelError::Unsupported {
-                    path: path.into(),
-                    msg: format!("rope_scaling {rs} (only plain RoPE)"),
-                });
+        // transformers < 5 writes `rope_theta` and `rope_scaling`; 5.x writes `rope_parameters`.
+        for key in ["rope_scaling", "rope_parameters"] {
+            if let Some(rs) = v.get(key).filter(|x| !x.is_null()) {
+                let kind = rs
+                    .get("rope_type")
+                    .or_else(|| rs.get("type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                if kind != "default" {
+                    return Err(ModelError::Unsupported {
+                        path: path.into(),
+                        msg: format!("{key} of type {kind:?} (only plain RoPE)"),
+                    });
+                }
             }
         }
+        let rope_theta = match v.get("rope_parameters").and_then(|r| r.get("rope_theta")) {
+            Some(_) => get_f32(&v["rope_parameters"], "rope_theta", 10_000.0, path)?,
+            None => get_f32(v, "rope_theta", 10_000.0, path)?,
+        };
         if get_bool(v, "mlp_bias", false, path)? {
             return Err(ModelError::Unsupported {
                 path: path.into(),
@@ -179,9 +194,12 @@ impl ModelConfig {
                 format!("{head_dim} is odd"),
             ));
         }
-        let qkv_bias = match family {
-            Family::Qwen2 => true,
-            Family::Llama => get_bool(v, "attention_bias", false, path)?,
+        let (qkv_bias, o_bias) = match family {
+            Family::Qwen2 => (true, false),
+            Family::Llama => {
+                let b = get_bool(v, "attention_bias", false, path)?;
+                (b, b)
+            }
         };
         let eos = token_ids(v.get("eos_token_id"));
         let bos = token_ids(v.get("bos_token_id")).first().copied();
@@ -194,10 +212,11 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             intermediate_size: get_usize(v, "intermediate_size", path)?,
-            rope_theta: get_f32(v, "rope_theta", 10_000.0, path)?,
+            rope_theta,
             rms_norm_eps: get_f32(v, "rms_norm_eps", 1e-6, path)?,
             tie_word_embeddings: get_bool(v, "tie_word_embeddings", false, path)?,
             qkv_bias,
+            o_bias,
             max_position_embeddings: match v.get("max_position_embeddings") {
                 None | Some(Value::Null) => 32_768,
                 Some(_) => get_usize(v, "max_position_embeddings", path)?,
@@ -230,7 +249,7 @@ impl ModelConfig {
             "max_position_embeddings": self.max_position_embeddings,
             "torch_dtype": "float32",
             "use_cache": true,
-            "rope_scaling": null,
+            "rope_parameters": { "rope_type": "default", "rope_theta": self.rope_theta },
         });
         if let Some(obj) = v.as_object_mut() {
             if self.family == Family::Llama {
@@ -258,7 +277,11 @@ impl ModelConfig {
         let (d, hd) = (self.hidden_size, self.head_dim);
         let q = self.num_heads * hd;
         let kv = self.num_kv_heads * hd;
-        let attn = d * q + 2 * d * kv + q * d + if self.qkv_bias { q + 2 * kv } else { 0 };
+        let attn = d * q
+            + 2 * d * kv
+            + q * d
+            + if self.qkv_bias { q + 2 * kv } else { 0 }
+            + if self.o_bias { d } else { 0 };
         let mlp = 3 * d * self.intermediate_size;
         let layer = attn + mlp + 2 * d;
         let embed = self.vocab_size * d;

@@ -148,8 +148,8 @@ pub fn generate<B: Backend>(
     let start = std::time::Instant::now();
     loop {
         // Fill free slots with new requests (one prefill each, so rows never depend on the batch).
-        for slot in 0..n_slots {
-            while slots[slot].is_none() && next < reqs.len() {
+        for (slot, entry) in slots.iter_mut().enumerate() {
+            while entry.is_none() && next < reqs.len() {
                 let i = next;
                 next += 1;
                 let r = &reqs[i];
@@ -195,7 +195,7 @@ pub fn generate<B: Backend>(
                         )?);
                         bar.inc(1);
                     }
-                    None => slots[slot] = Some(a),
+                    None => *entry = Some(a),
                 }
             }
         }

@@ -194,6 +194,7 @@ pub fn init_model(preset: Preset, out: &Path, seed: u64, corpus: &[String]) -> R
         rms_norm_eps: 1e-6,
         tie_word_embeddings: true,
         qkv_bias: true,
+        o_bias: false,
         max_position_embeddings: spec.max_positions,
         eos_token_ids: eos.clone(),
         bos_token_id: None,

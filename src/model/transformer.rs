@@ -27,6 +27,8 @@ pub struct Block<B: Backend> {
     pub v_bias: Option<Tensor<B>>,
     /// Output projection `[d, heads*hd]`.
     pub o: Tensor<B>,
+    /// Output bias (Llama with `attention_bias`).
+    pub o_bias: Option<Tensor<B>>,
     /// RMSNorm before the MLP.
     pub post_norm: Tensor<B>,
     /// MLP gate `[i, d]`.
@@ -103,6 +105,11 @@ impl<B: Backend> Model<B> {
                 k_bias: bias("k_proj", kv)?,
                 v_bias: bias("v_proj", kv)?,
                 o: w.load(backend, &format!("{p}.self_attn.o_proj.weight"), &[d, q])?,
+                o_bias: if c.o_bias {
+                    Some(w.load(backend, &format!("{p}.self_attn.o_proj.bias"), &[d])?)
+                } else {
+                    None
+                },
                 post_norm: w.load(
                     backend,
                     &format!("{p}.post_attention_layernorm.weight"),
@@ -208,7 +215,7 @@ impl<B: Backend> Model<B> {
             b.kv_write(&mut cache.k[l], &k, &slots, &pos)?;
             b.kv_write(&mut cache.v[l], &v, &slots, &pos)?;
             let a = b.attention(&q, &cache.k[l], &cache.v[l], &slots, &pos, shape)?;
-            let o = b.linear(&a, &blk.o, None)?;
+            let o = b.linear(&a, &blk.o, blk.o_bias.as_ref())?;
             b.add_assign(&mut x, &o)?;
             let h = b.rms_norm(&x, &blk.post_norm, c.rms_norm_eps)?;
             let g = b.linear(&h, &blk.gate, None)?;

@@ -1,0 +1,229 @@
+//! Generation: greedy equals the argmax path of scoring, batching does not change results,
+//! sampling is reproducible by seed, stop tokens and strings end sequences.
+
+use std::path::Path;
+
+use sorft::engine::{Backend, Cpu, SamplingParams};
+use sorft::model::generate::{generate, FinishReason, GenOptions, GenRequest};
+use sorft::model::init::{init_model, Preset, EMBEDDED_CORPUS};
+use sorft::model::{load_dir, Model, Tokenizer};
+
+fn tiny(dir: &Path) -> (Model<Cpu>, Tokenizer) {
+    init_model(Preset::Tiny, dir, 7, &[EMBEDDED_CORPUS.to_string()]).unwrap();
+    let (m, t) = load_dir(&Cpu, dir).unwrap();
+    (m, t.unwrap())
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_k: 50,
+        top_p: 0.9,
+        seed,
+    }
+}
+
+#[test]
+fn greedy_output_is_the_argmax_path_of_score() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let prompt = tok.encode("def median(values):\n    ordered = ").unwrap();
+    let req = GenRequest {
+        prompt: prompt.clone(),
+        params: SamplingParams::greedy(),
+        max_new_tokens: 24,
+        ..Default::default()
+    };
+    let out = &generate(&model, Some(&tok), &[req], &GenOptions::default()).unwrap()[0];
+    assert_eq!(out.ids.len(), 24);
+    let mut all = prompt.clone();
+    all.extend(&out.ids);
+    let (lps, lsm) = model.score(&all).unwrap();
+    let rows = Cpu.to_host_f32(&lsm).unwrap();
+    let v = model.config.vocab_size;
+    for (k, &id) in out.ids.iter().enumerate() {
+        let pos = prompt.len() + k; // token index in `all`
+        let row = &rows[(pos - 1) * v..pos * v];
+        let argmax = (0..v)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+            .unwrap();
+        assert_eq!(id as usize, argmax, "token {k} is not the argmax");
+        assert!(
+            (lps[pos - 1] - out.logprobs[k]).abs() < 1e-4,
+            "logprob of token {k}"
+        );
+    }
+}
+
+fn requests(tok: &Tokenizer) -> Vec<GenRequest> {
+    let prompts = [
+        "class Inventory:",
+        "def mean(values):\n    return",
+        "Issue: median returns the wrong value",
+        "import os",
+        "x",
+        "def clamp(value, lower, upper):\n    if lower > upper:\n        raise",
+    ];
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| GenRequest {
+            prompt: tok.encode(p).unwrap(),
+            params: if i % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                sampled(100 + i as u64)
+            },
+            max_new_tokens: 10 + 3 * i,
+            stop_ids: tok.stop_ids(),
+            stop_strings: Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_gives_the_same_tokens_as_one_by_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let reqs = requests(&tok);
+    let batched = generate(
+        &model,
+        Some(&tok),
+        &reqs,
+        &GenOptions {
+            max_batch: 4,
+            progress: false,
+        },
+    )
+    .unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        let one = generate(
+            &model,
+            Some(&tok),
+            std::slice::from_ref(r),
+            &GenOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(batched[i].ids, one[0].ids, "request {i}");
+        assert_eq!(batched[i].logprobs, one[0].logprobs, "request {i}");
+    }
+}
+
+#[test]
+fn sampling_is_reproducible_by_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let prompt = tok.encode("def parse_line(line):").unwrap();
+    let run = |seed| {
+        let r = GenRequest {
+            prompt: prompt.clone(),
+            params: SamplingParams {
+                temperature: 1.5,
+                top_k: 0,
+                top_p: 1.0,
+                seed,
+            },
+            max_new_tokens: 32,
+            ..Default::default()
+        };
+        generate(&model, Some(&tok), &[r], &GenOptions::default()).unwrap()[0]
+            .ids
+            .clone()
+    };
+    assert_eq!(run(5), run(5));
+    assert_ne!(run(5), run(6));
+}
+
+#[test]
+fn stop_tokens_and_stop_strings_end_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let prompt = tok.encode("def f():").unwrap();
+    let free = generate(
+        &model,
+        Some(&tok),
+        &[GenRequest {
+            prompt: prompt.clone(),
+            params: SamplingParams::greedy(),
+            max_new_tokens: 16,
+            ..Default::default()
+        }],
+        &GenOptions::default(),
+    )
+    .unwrap()
+    .remove(0);
+    assert_eq!(free.finish, FinishReason::Length);
+    // Make the 4th greedy token a stop token: generation must end right there, keeping it.
+    let stop = free.ids[3];
+    let first = free.ids.iter().position(|&t| t == stop).unwrap();
+    let out = generate(
+        &model,
+        Some(&tok),
+        &[GenRequest {
+            prompt: prompt.clone(),
+            params: SamplingParams::greedy(),
+            max_new_tokens: 16,
+            stop_ids: vec![stop],
+            ..Default::default()
+        }],
+        &GenOptions::default(),
+    )
+    .unwrap()
+    .remove(0);
+    assert_eq!(out.finish, FinishReason::Stop);
+    assert_eq!(out.ids, free.ids[..=first].to_vec());
+    // A stop string taken from the free text cuts the text before it.
+    let text = free.text.clone();
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() >= 6 {
+        let needle: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+        let out = generate(
+            &model,
+            Some(&tok),
+            &[GenRequest {
+                prompt,
+                params: SamplingParams::greedy(),
+                max_new_tokens: 16,
+                stop_strings: vec![needle.clone()],
+                ..Default::default()
+            }],
+            &GenOptions::default(),
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(out.finish, FinishReason::StopString);
+        assert!(!out.text.contains(&needle));
+        assert!(text.starts_with(&out.text));
+    }
+}
+
+#[test]
+fn out_of_range_prompt_ids_are_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let r = GenRequest {
+        prompt: vec![1, 2, 1_000_000],
+        max_new_tokens: 4,
+        ..Default::default()
+    };
+    let e = generate(&model, Some(&tok), &[r], &GenOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    assert!(model.score(&[0, 5_000_000]).is_err());
+}
+
+#[test]
+fn tokenizer_and_init_are_deterministic() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    init_model(Preset::Tiny, a.path(), 3, &[EMBEDDED_CORPUS.to_string()]).unwrap();
+    init_model(Preset::Tiny, b.path(), 3, &[EMBEDDED_CORPUS.to_string()]).unwrap();
+    for f in ["tokenizer.json", "model.safetensors", "config.json"] {
+        let x = std::fs::read(a.path().join(f)).unwrap();
+        let y = std::fs::read(b.path().join(f)).unwrap();
+        assert!(x == y, "{f} differs between two runs with the same seed");
+    }
+    let size = std::fs::metadata(a.path().join("model.safetensors"))
+        .unwrap()
+        .len();
+    assert!(size < 1_000_000, "tiny preset weights are {size} bytes");
+}
