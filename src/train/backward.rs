@@ -140,7 +140,15 @@ pub fn backward<B: Backend>(
 
         // Attention.
         let mut datt = fh(&a.att)?;
-        project_backward(be, &a.att, &blk.o, ad(LoraTarget::O), s, &dx, &mut datt, pg!(o, LoraTarget::O))?;
+        let go = ProjGrad {
+            w: full.as_deref_mut().map(|b| &mut b.o),
+            bias: None,
+            adapter: lg.as_deref_mut().and_then(|g| g.adapter_mut(l, LoraTarget::O)),
+        };
+        project_backward(be, &a.att, &blk.o, ad(LoraTarget::O), s, &dx, &mut datt, go)?;
+        if let Some(gb) = full.as_deref_mut().and_then(|b| b.o_bias.as_mut()) {
+            be.sum_rows(&dx, gb, true)?;
+        }
         let (mut dq, mut dk, dv) = be.attention_backward(
             &a.q,
             &a.k,

@@ -216,7 +216,7 @@ pub(crate) fn block_forward<B: Backend>(
     be.rope(&mut q, &batch.positions, c.head_dim, c.rope_theta)?;
     be.rope(&mut k, &batch.positions, c.head_dim, c.rope_theta)?;
     let (att, lse) = be.attention_train(&q, &k, &v, &batch.cu_seqlens, model.attention_shape())?;
-    let o = project(be, &att, &blk.o, None, ad(LoraTarget::O), s)?;
+    let o = project(be, &att, &blk.o, blk.o_bias.as_ref(), ad(LoraTarget::O), s)?;
     let mut x = be.copy(&x_in)?;
     be.add_assign(&mut x, &o)?;
     let x_mid = be.copy(&x)?;

@@ -24,6 +24,9 @@ pub fn model_params<B: Backend>(m: &Model<B>) -> Vec<(String, &Tensor<B>)> {
             out.push((format!("{p}.self_attn.v_proj.bias"), t));
         }
         out.push((format!("{p}.self_attn.o_proj.weight"), &b.o));
+        if let Some(t) = &b.o_bias {
+            out.push((format!("{p}.self_attn.o_proj.bias"), t));
+        }
         out.push((format!("{p}.post_attention_layernorm.weight"), &b.post_norm));
         out.push((format!("{p}.mlp.gate_proj.weight"), &b.gate));
         out.push((format!("{p}.mlp.up_proj.weight"), &b.up));
@@ -55,6 +58,9 @@ pub fn model_params_mut<B: Backend>(m: &mut Model<B>) -> Vec<(String, &mut Tenso
             out.push((format!("{p}.self_attn.v_proj.bias"), t));
         }
         out.push((format!("{p}.self_attn.o_proj.weight"), &mut b.o));
+        if let Some(t) = &mut b.o_bias {
+            out.push((format!("{p}.self_attn.o_proj.bias"), t));
+        }
         out.push((
             format!("{p}.post_attention_layernorm.weight"),
             &mut b.post_norm,
@@ -92,6 +98,7 @@ pub fn zeros_like_model<B: Backend>(m: &Model<B>) -> Result<Model<B>> {
             k_bias: zeros_opt(b, &k.k_bias)?,
             v_bias: zeros_opt(b, &k.v_bias)?,
             o: zeros(b, &k.o)?,
+            o_bias: zeros_opt(b, &k.o_bias)?,
             post_norm: zeros(b, &k.post_norm)?,
             gate: zeros(b, &k.gate)?,
             up: zeros(b, &k.up)?,
