@@ -3,6 +3,7 @@
 pub mod generate;
 pub mod model;
 pub mod score;
+pub mod sft;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,8 @@ pub enum Command {
     Score(score::ScoreArgs),
     /// Create or describe models.
     Model(model::ModelArgs),
+    /// Supervised fine-tuning on chat JSONL (full or LoRA).
+    Sft(sft::SftArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -52,5 +55,6 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Model(a) => model::run(a),
+        Command::Sft(a) => sft::run(a),
     }
 }

@@ -6,14 +6,14 @@
 
 pub mod backward;
 pub mod checkpoint;
-// pub mod data;
+pub mod data;
 pub mod error;
 pub mod forward;
 pub mod lora;
 pub mod loss;
 pub mod optim;
 pub mod params;
-// pub mod sft;
+pub mod sft;
 
 pub use error::{Result, TrainError};
 pub use forward::{Batch, Forward, ForwardOptions};
