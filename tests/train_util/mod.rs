@@ -25,6 +25,7 @@ pub fn tiny_config(tied: bool) -> ModelConfig {
         rms_norm_eps: 1e-6,
         tie_word_embeddings: tied,
         qkv_bias: true,
+        o_bias: false,
         max_position_embeddings: 128,
         eos_token_ids: vec![1],
         bos_token_id: None,
@@ -77,4 +78,52 @@ pub fn tiny_model(dir: &Path, tied: bool, seed: u64) -> Model<Cpu> {
 /// Random f32 values ~ N(0, 1).
 pub fn randn(r: &mut SplitMix, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.next_normal() as f32).collect()
+}
+
+/// Animals and the sounds they make: the synthetic SFT task maps the animal named in a prompt with
+/// random filler words to its sound.
+pub const ANIMALS: [(&str, &str); 8] = [
+    ("cat", "meow"),
+    ("dog", "woof"),
+    ("cow", "moo"),
+    ("duck", "quack"),
+    ("owl", "hoot"),
+    ("bee", "buzz"),
+    ("frog", "croak"),
+    ("lion", "roar"),
+];
+
+const FILLER: [&str; 16] = [
+    "the", "a", "of", "and", "to", "in", "is", "it", "for", "on", "with", "as", "by", "at", "from",
+    "this",
+];
+
+/// `n` chat JSONL lines of the synthetic task.
+pub fn animal_jsonl(n: usize, seed: u64) -> String {
+    let mut r = SplitMix::new(seed);
+    let mut out = String::new();
+    for _ in 0..n {
+        let (k, v) = ANIMALS[r.below(ANIMALS.len() as u64) as usize];
+        let words: Vec<&str> = (0..1 + r.below(4))
+            .map(|_| FILLER[r.below(FILLER.len() as u64) as usize])
+            .collect();
+        let line = serde_json::json!({"messages": [
+            {"role": "user", "content": format!("{} {k} says?", words.join(" "))},
+            {"role": "assistant", "content": v},
+        ]});
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// A tiny-preset model directory with its BPE tokenizer.
+pub fn tiny_preset(dir: &Path, seed: u64) {
+    sorft::model::init::init_model(
+        sorft::model::init::Preset::Tiny,
+        dir,
+        seed,
+        &[sorft::model::init::EMBEDDED_CORPUS.to_string()],
+    )
+    .unwrap();
 }
