@@ -80,7 +80,13 @@ fn rms_norm_backward_matches_finite_differences() {
     };
     let mut dw = Cpu.zeros(&[d], DType::F32).unwrap();
     let dx = Cpu
-        .rms_norm_backward(&up(&x, &[t, d]), &up(&w, &[d]), &up(&dy, &[t, d]), 1e-6, Some(&mut dw))
+        .rms_norm_backward(
+            &up(&x, &[t, d]),
+            &up(&w, &[d]),
+            &up(&dy, &[t, d]),
+            1e-6,
+            Some(&mut dw),
+        )
         .unwrap();
     check_directional("rms dx", &x, &host(&dx), &|v| loss(v, &w), 1e-2, 2e-3, 2);
     check_directional("rms dw", &w, &host(&dw), &|v| loss(&x, v), 1e-2, 2e-3, 3);
@@ -91,9 +97,8 @@ fn swiglu_and_rope_backward_match_finite_differences() {
     let mut r = SplitMix::new(4);
     let n = 40;
     let (g, u, dm) = (randn(&mut r, n), randn(&mut r, n), randn(&mut r, n));
-    let loss = |g: &[f32], u: &[f32]| {
-        dotv(&host(&Cpu.swiglu(&up(g, &[n]), &up(u, &[n])).unwrap()), &dm)
-    };
+    let loss =
+        |g: &[f32], u: &[f32]| dotv(&host(&Cpu.swiglu(&up(g, &[n]), &up(u, &[n])).unwrap()), &dm);
     let (dg, du) = Cpu
         .swiglu_backward(&up(&g, &[n]), &up(&u, &[n]), &up(&dm, &[n]))
         .unwrap();
@@ -132,8 +137,14 @@ fn packed_attention_matches_per_sequence_kv_cache_attention_and_its_backward_is_
     let dout = randn(&mut r, t * qf);
     let cut = upu(&cu);
     let run = |q: &[f32], k: &[f32], v: &[f32]| {
-        Cpu.attention_train(&up(q, &[t, qf]), &up(k, &[t, kf]), &up(v, &[t, kf]), &cut, sh)
-            .unwrap()
+        Cpu.attention_train(
+            &up(q, &[t, qf]),
+            &up(k, &[t, kf]),
+            &up(v, &[t, kf]),
+            &cut,
+            sh,
+        )
+        .unwrap()
     };
     // Forward: equal to the KV-cache attention of each sequence alone.
     let (out, lse) = run(&q, &k, &v);
@@ -144,12 +155,29 @@ fn packed_attention_matches_per_sequence_kv_cache_attention_and_its_backward_is_
         let mut vc = Cpu.zeros(&[1, n, kf], DType::F32).unwrap();
         let pos: Vec<u32> = (0..n as u32).collect();
         let slots = vec![0u32; n];
-        Cpu.kv_write(&mut kc, &up(&k[s * kf..e * kf], &[n, kf]), &upu(&slots), &upu(&pos))
-            .unwrap();
-        Cpu.kv_write(&mut vc, &up(&v[s * kf..e * kf], &[n, kf]), &upu(&slots), &upu(&pos))
-            .unwrap();
+        Cpu.kv_write(
+            &mut kc,
+            &up(&k[s * kf..e * kf], &[n, kf]),
+            &upu(&slots),
+            &upu(&pos),
+        )
+        .unwrap();
+        Cpu.kv_write(
+            &mut vc,
+            &up(&v[s * kf..e * kf], &[n, kf]),
+            &upu(&slots),
+            &upu(&pos),
+        )
+        .unwrap();
         let want = Cpu
-            .attention(&up(&q[s * qf..e * qf], &[n, qf]), &kc, &vc, &upu(&slots), &upu(&pos), sh)
+            .attention(
+                &up(&q[s * qf..e * qf], &[n, qf]),
+                &kc,
+                &vc,
+                &upu(&slots),
+                &upu(&pos),
+                sh,
+            )
             .unwrap();
         for (a, b) in out_h[s * qf..e * qf].iter().zip(host(&want)) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
@@ -168,9 +196,33 @@ fn packed_attention_matches_per_sequence_kv_cache_attention_and_its_backward_is_
         )
         .unwrap();
     let loss = |q: &[f32], k: &[f32], v: &[f32]| dotv(&host(&run(q, k, v).0), &dout);
-    check_directional("attn dq", &q, &host(&dq), &|x| loss(x, &k, &v), 1e-2, 3e-3, 9);
-    check_directional("attn dk", &k, &host(&dk), &|x| loss(&q, x, &v), 1e-2, 3e-3, 10);
-    check_directional("attn dv", &v, &host(&dv), &|x| loss(&q, &k, x), 1e-2, 3e-3, 11);
+    check_directional(
+        "attn dq",
+        &q,
+        &host(&dq),
+        &|x| loss(x, &k, &v),
+        1e-2,
+        3e-3,
+        9,
+    );
+    check_directional(
+        "attn dk",
+        &k,
+        &host(&dk),
+        &|x| loss(&q, x, &v),
+        1e-2,
+        3e-3,
+        10,
+    );
+    check_directional(
+        "attn dv",
+        &v,
+        &host(&dv),
+        &|x| loss(&q, &k, x),
+        1e-2,
+        3e-3,
+        11,
+    );
 }
 
 #[test]
@@ -184,10 +236,14 @@ fn chunked_token_loss_matches_log_softmax_and_finite_differences() {
     let a = randn(&mut r, t);
     let b = randn(&mut r, t);
     // Forward against a plain log-softmax of full logits, for two chunk sizes.
-    let logits = Cpu.linear(&up(&h, &[t, d]), &up(&w, &[v, d]), None).unwrap();
+    let logits = Cpu
+        .linear(&up(&h, &[t, d]), &up(&w, &[v, d]), None)
+        .unwrap();
     let lsm = host(&Cpu.log_softmax(&logits).unwrap());
     for chunk in [1, 3, 100] {
-        let (lp, ent) = Cpu.token_logprobs(&up(&h, &[t, d]), &up(&w, &[v, d]), &tg, chunk).unwrap();
+        let (lp, ent) = Cpu
+            .token_logprobs(&up(&h, &[t, d]), &up(&w, &[v, d]), &tg, chunk)
+            .unwrap();
         let (lp, ent) = (host(&lp), host(&ent));
         for i in 0..t {
             if targets[i] == IGNORE_TARGET {
@@ -201,7 +257,9 @@ fn chunked_token_loss_matches_log_softmax_and_finite_differences() {
         }
     }
     let loss = |h: &[f32], w: &[f32]| {
-        let (lp, ent) = Cpu.token_logprobs(&up(h, &[t, d]), &up(w, &[v, d]), &tg, 3).unwrap();
+        let (lp, ent) = Cpu
+            .token_logprobs(&up(h, &[t, d]), &up(w, &[v, d]), &tg, 3)
+            .unwrap();
         dotv(&host(&lp), &a) + dotv(&host(&ent), &b)
     };
     let mut dw = Cpu.zeros(&[v, d], DType::F32).unwrap();
@@ -217,7 +275,15 @@ fn chunked_token_loss_matches_log_softmax_and_finite_differences() {
         )
         .unwrap();
     check_directional("loss dh", &h, &host(&dh), &|x| loss(x, &w), 1e-2, 3e-3, 13);
-    check_directional("loss dhead", &w, &host(&dw), &|x| loss(&h, x), 1e-2, 3e-3, 14);
+    check_directional(
+        "loss dhead",
+        &w,
+        &host(&dw),
+        &|x| loss(&h, x),
+        1e-2,
+        3e-3,
+        14,
+    );
 }
 
 #[test]
@@ -247,16 +313,37 @@ fn matmul_transposes_sum_rows_and_embedding_backward_match_naive_loops() {
     };
     let (at, bt) = (tr(&a, m, k), tr(&b, k, n));
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-        let av = if ta { up(&at, &[k, m]) } else { up(&a, &[m, k]) };
-        let bv = if tb { up(&bt, &[n, k]) } else { up(&b, &[k, n]) };
+        let av = if ta {
+            up(&at, &[k, m])
+        } else {
+            up(&a, &[m, k])
+        };
+        let bv = if tb {
+            up(&bt, &[n, k])
+        } else {
+            up(&b, &[k, n])
+        };
         let mut c = up(&vec![1.0; m * n], &[m, n]);
         Cpu.matmul(&av, ta, &bv, tb, &mut c, true).unwrap();
         for (x, y) in host(&c).iter().zip(&want) {
-            assert!((x - (y + 1.0)).abs() < 1e-4, "{ta} {tb}: {x} vs {}", y + 1.0);
+            assert!(
+                (x - (y + 1.0)).abs() < 1e-4,
+                "{ta} {tb}: {x} vs {}",
+                y + 1.0
+            );
         }
     }
     let mut bad = Cpu.zeros(&[m, m], DType::F32).unwrap();
-    assert!(Cpu.matmul(&up(&a, &[m, k]), false, &up(&b, &[k, n]), false, &mut bad, false).is_err());
+    assert!(Cpu
+        .matmul(
+            &up(&a, &[m, k]),
+            false,
+            &up(&b, &[k, n]),
+            false,
+            &mut bad,
+            false
+        )
+        .is_err());
 
     let mut s = up(&[1.0, 2.0, 3.0], &[3]);
     Cpu.sum_rows(&up(&b, &[k, n]), &mut s, true).unwrap();
@@ -266,8 +353,12 @@ fn matmul_transposes_sum_rows_and_embedding_backward_match_naive_loops() {
     }
 
     let mut table = Cpu.zeros(&[4, 2], DType::F32).unwrap();
-    Cpu.embedding_backward(&mut table, &upu(&[1, 3, 1]), &up(&[1., 2., 3., 4., 5., 6.], &[3, 2]))
-        .unwrap();
+    Cpu.embedding_backward(
+        &mut table,
+        &upu(&[1, 3, 1]),
+        &up(&[1., 2., 3., 4., 5., 6.], &[3, 2]),
+    )
+    .unwrap();
     assert_eq!(host(&table), vec![0., 0., 6., 8., 0., 0., 3., 4.]);
     assert!(Cpu
         .embedding_backward(&mut table, &upu(&[9]), &up(&[1., 2.], &[1, 2]))
@@ -354,7 +445,16 @@ fn recompute_gives_the_same_gradients() {
     let zero = vec![0.0f32; t];
     let mut out = Vec::new();
     for recompute in [false, true] {
-        let fwd = forward(&model, None, &batch, ForwardOptions { recompute, chunk_rows: 4 }).unwrap();
+        let fwd = forward(
+            &model,
+            None,
+            &batch,
+            ForwardOptions {
+                recompute,
+                chunk_rows: 4,
+            },
+        )
+        .unwrap();
         let mut g = Grads::new(&model, None).unwrap();
         backward(&model, None, fwd, &up(&a, &[t]), &up(&zero, &[t]), &mut g).unwrap();
         out.push(g.named().iter().map(|(_, t)| host(t)).collect::<Vec<_>>());

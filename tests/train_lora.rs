@@ -72,7 +72,9 @@ fn mm(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
     let mut c = vec![0.0; m * n];
     for i in 0..m {
         for j in 0..n {
-            c[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+            c[i * n + j] = (0..k)
+                .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                .sum();
         }
     }
     c
@@ -89,10 +91,19 @@ fn transpose(x: &[f32], r: usize, c: usize) -> Vec<f32> {
 }
 
 fn assert_close(name: &str, got: &[f32], want: &[f64]) {
-    let diff: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b).powi(2)).sum::<f64>().sqrt();
+    let diff: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&a, &b)| (a as f64 - b).powi(2))
+        .sum::<f64>()
+        .sqrt();
     let norm: f64 = want.iter().map(|b| b * b).sum::<f64>().sqrt();
     assert!(norm > 0.0, "{name}: zero reference");
-    assert!(diff <= 1e-4 * norm, "{name}: relative error {}", diff / norm);
+    assert!(
+        diff <= 1e-4 * norm,
+        "{name}: relative error {}",
+        diff / norm
+    );
 }
 
 #[test]
@@ -127,8 +138,14 @@ fn adapter_gradient_is_the_full_gradient_projected_through_the_adapter() {
             let r = lora.config.rank;
             let (g, a, bm) = (host(gw), host(&ad.a), host(&ad.b));
             // dB = s G A^T  [out, r];  dA = s B^T G  [r, in].
-            let want_b: Vec<f64> = mm(&g, &transpose(&a, r, inp), out, inp, r).iter().map(|x| s * x).collect();
-            let want_a: Vec<f64> = mm(&transpose(&bm, out, r), &g, r, out, inp).iter().map(|x| s * x).collect();
+            let want_b: Vec<f64> = mm(&g, &transpose(&a, r, inp), out, inp, r)
+                .iter()
+                .map(|x| s * x)
+                .collect();
+            let want_a: Vec<f64> = mm(&transpose(&bm, out, r), &g, r, out, inp)
+                .iter()
+                .map(|x| s * x)
+                .collect();
             assert_close(&format!("layer {l} {t:?} B"), &host(&gad.b), &want_b);
             assert_close(&format!("layer {l} {t:?} A"), &host(&gad.a), &want_a);
         }
@@ -147,7 +164,10 @@ fn merged_weights_reproduce_the_adapted_models_log_probs() {
     lora.merge_into(&mut merged).unwrap();
     let m = forward(&merged, None, &b, ForwardOptions::default()).unwrap();
     let (lw, lb, lm) = (host(&with.logp), host(&base.logp), host(&m.logp));
-    assert!(lw.iter().zip(&lb).any(|(a, b)| (a - b).abs() > 1e-3), "the adapter changes nothing");
+    assert!(
+        lw.iter().zip(&lb).any(|(a, b)| (a - b).abs() > 1e-3),
+        "the adapter changes nothing"
+    );
     for (a, b) in lw.iter().zip(&lm) {
         assert!((a - b).abs() < 1e-4, "{a} vs {b}");
     }
@@ -169,12 +189,17 @@ fn peft_adapter_round_trips_with_peft_names_and_config() {
     let out = dir.path().join("adapter");
     lora.save_peft(&Cpu, &out, "base/model").unwrap();
     let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap())
+            .unwrap();
     assert_eq!(cfg["peft_type"], "LORA");
     assert_eq!(cfg["r"], 3);
     assert_eq!(cfg["lora_alpha"].as_f64(), Some(6.0));
-    assert_eq!(cfg["target_modules"], serde_json::json!(["q_proj", "v_proj", "down_proj"]));
-    let names = sorft::train::checkpoint::read_f32_tensors(&out.join("adapter_model.safetensors")).unwrap();
+    assert_eq!(
+        cfg["target_modules"],
+        serde_json::json!(["q_proj", "v_proj", "down_proj"])
+    );
+    let names =
+        sorft::train::checkpoint::read_f32_tensors(&out.join("adapter_model.safetensors")).unwrap();
     assert!(names.contains_key("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"));
     assert!(names.contains_key("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"));
     assert_eq!(names.len(), 2 * 2 * 3);
@@ -187,9 +212,21 @@ fn peft_adapter_round_trips_with_peft_names_and_config() {
         assert_eq!(host(t1), host(t2));
     }
     // A missing tensor is a clear error naming the file and tensor.
-    std::fs::write(out.join("adapter_config.json"), std::fs::read_to_string(out.join("adapter_config.json")).unwrap().replace("\"down_proj\"", "\"up_proj\"")).unwrap();
-    let err = Lora::load_peft(&Cpu, &out, &model.config).err().unwrap().to_string();
-    assert!(err.contains("adapter_model.safetensors") && err.contains("up_proj.lora_A"), "{err}");
+    std::fs::write(
+        out.join("adapter_config.json"),
+        std::fs::read_to_string(out.join("adapter_config.json"))
+            .unwrap()
+            .replace("\"down_proj\"", "\"up_proj\""),
+    )
+    .unwrap();
+    let err = Lora::load_peft(&Cpu, &out, &model.config)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("adapter_model.safetensors") && err.contains("up_proj.lora_A"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -213,7 +250,9 @@ fn lora_training_keeps_the_base_frozen_and_mapped() {
     let mut losses = Vec::new();
     for _ in 0..3 {
         let fwd = forward(&model, Some(&lora), &b, ForwardOptions::default()).unwrap();
-        let lg = sorft::train::loss::cross_entropy(&Cpu, &fwd, &b.weights, b.trained_tokens() as f64).unwrap();
+        let lg =
+            sorft::train::loss::cross_entropy(&Cpu, &fwd, &b.weights, b.trained_tokens() as f64)
+                .unwrap();
         losses.push(lg.loss);
         let mut g = Grads::new(&model, Some(&lora)).unwrap();
         backward(&model, Some(&lora), fwd, &lg.g_logp, &lg.g_entropy, &mut g).unwrap();
@@ -225,7 +264,10 @@ fn lora_training_keeps_the_base_frozen_and_mapped() {
             assert!(matches!(t.storage(), CpuStorage::Mapped(_)));
         }
     }
-    assert_eq!(std::fs::read(dir.path().join("model.safetensors")).unwrap(), before);
+    assert_eq!(
+        std::fs::read(dir.path().join("model.safetensors")).unwrap(),
+        before
+    );
 }
 
 #[test]
@@ -251,10 +293,25 @@ fn lora_sft_exports_a_peft_adapter_and_an_equivalent_merged_model() {
     let lora = Lora::load_peft(&Cpu, &r.join("out/adapter"), &base.config).unwrap();
     let merged = Model::load(&Cpu, &fin).unwrap();
     let b = batch();
-    let x = host(&forward(&base, Some(&lora), &b, ForwardOptions::default()).unwrap().logp);
-    let y = host(&forward(&merged, None, &b, ForwardOptions::default()).unwrap().logp);
-    let z = host(&forward(&base, None, &b, ForwardOptions::default()).unwrap().logp);
-    assert!(x.iter().zip(&z).any(|(a, b)| (a - b).abs() > 1e-3), "training changed nothing");
+    let x = host(
+        &forward(&base, Some(&lora), &b, ForwardOptions::default())
+            .unwrap()
+            .logp,
+    );
+    let y = host(
+        &forward(&merged, None, &b, ForwardOptions::default())
+            .unwrap()
+            .logp,
+    );
+    let z = host(
+        &forward(&base, None, &b, ForwardOptions::default())
+            .unwrap()
+            .logp,
+    );
+    assert!(
+        x.iter().zip(&z).any(|(a, b)| (a - b).abs() > 1e-3),
+        "training changed nothing"
+    );
     for (a, b) in x.iter().zip(&y) {
         assert!((a - b).abs() < 1e-4, "{a} vs {b}");
     }

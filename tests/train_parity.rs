@@ -20,7 +20,9 @@ const VARIANTS: [&str; 5] = [
 ];
 
 fn check_variant(name: &str, recompute: bool) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity").join(name);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/parity")
+        .join(name);
     let refj: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("train_reference.json")).unwrap())
             .unwrap();

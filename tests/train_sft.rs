@@ -107,7 +107,14 @@ fn stopping_and_resuming_gives_bit_identical_weights() {
     assert_eq!(b1.steps_done, 2);
     assert!(b1.final_dir.is_none());
     cfg_b.max_steps = 0;
-    let b2 = run_sft(&Cpu, &cfg_b, Resume::Latest { fallback: false }, &stop, &mut quiet()).unwrap();
+    let b2 = run_sft(
+        &Cpu,
+        &cfg_b,
+        Resume::Latest { fallback: false },
+        &stop,
+        &mut quiet(),
+    )
+    .unwrap();
     assert_eq!(b2.steps_done, a.steps_done);
     assert_eq!(
         weights_bytes(a.final_dir.as_ref().unwrap()),
@@ -142,21 +149,43 @@ fn a_corrupt_checkpoint_is_refused_and_fallback_uses_the_previous_good_one() {
     bytes[mid] ^= 0x40;
     std::fs::write(&bad, bytes).unwrap();
     cfg.max_steps = 0;
-    let err = run_sft(&Cpu, &cfg, Resume::Latest { fallback: false }, &stop, &mut quiet())
-        .err()
-        .expect("a corrupt checkpoint must be refused");
+    let err = run_sft(
+        &Cpu,
+        &cfg,
+        Resume::Latest { fallback: false },
+        &stop,
+        &mut quiet(),
+    )
+    .expect_err("a corrupt checkpoint must be refused");
     let msg = err.to_string();
     assert!(matches!(err, TrainError::Corrupt { .. }), "{msg}");
-    assert!(msg.contains("step-00000003") && msg.contains("model.safetensors"), "{msg}");
+    assert!(
+        msg.contains("step-00000003") && msg.contains("model.safetensors"),
+        "{msg}"
+    );
     let mut events = Vec::new();
-    let out = run_sft(&Cpu, &cfg, Resume::Latest { fallback: true }, &stop, &mut |e| {
-        events.push(format!("{e:?}"))
-    })
+    let out = run_sft(
+        &Cpu,
+        &cfg,
+        Resume::Latest { fallback: true },
+        &stop,
+        &mut |e| events.push(format!("{e:?}")),
+    )
     .unwrap();
     assert_eq!(out.steps_done, out.total_steps);
-    assert!(events.iter().any(|e| e.contains("Start") && e.contains("start_step: 2")), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("Start") && e.contains("start_step: 2")),
+        "{events:?}"
+    );
     // Keep-last pruning left at most three checkpoints.
-    assert!(sorft::train::checkpoint::list(&cfg.out.join("checkpoints")).unwrap().len() <= 3);
+    assert!(
+        sorft::train::checkpoint::list(&cfg.out.join("checkpoints"))
+            .unwrap()
+            .len()
+            <= 3
+    );
 }
 
 fn sorft() -> Command {
@@ -167,9 +196,28 @@ fn sorft() -> Command {
 
 fn sft_args(out: &str) -> Vec<String> {
     [
-        "sft", "--model", "base", "--data", "train.jsonl", "--eval-data", "eval.jsonl", "--out", out,
-        "--epochs", "2", "--batch-tokens", "256", "--lr", "3e-3", "--seed", "5", "--save-every", "1",
-        "--keep-last", "50", "--no-progress",
+        "sft",
+        "--model",
+        "base",
+        "--data",
+        "train.jsonl",
+        "--eval-data",
+        "eval.jsonl",
+        "--out",
+        out,
+        "--epochs",
+        "2",
+        "--batch-tokens",
+        "256",
+        "--lr",
+        "3e-3",
+        "--seed",
+        "5",
+        "--save-every",
+        "1",
+        "--keep-last",
+        "50",
+        "--no-progress",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -193,8 +241,14 @@ fn sigkill_then_resume_gives_bit_identical_weights() {
     let root = setup(96);
     let r = root.path();
     let st = sorft().current_dir(r).args(sft_args("a")).output().unwrap();
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
-    let total = sorft::train::checkpoint::list(&r.join("a/checkpoints")).unwrap().len();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let total = sorft::train::checkpoint::list(&r.join("a/checkpoints"))
+        .unwrap()
+        .len();
     assert!(total >= 6, "{total} steps");
 
     let mut child = sorft()
@@ -204,10 +258,16 @@ fn sigkill_then_resume_gives_bit_identical_weights() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for(&r.join("b/checkpoints/step-00000003"), Duration::from_secs(60));
+    wait_for(
+        &r.join("b/checkpoints/step-00000003"),
+        Duration::from_secs(60),
+    );
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    assert!(!r.join("b/final").exists(), "the run finished before it was killed");
+    assert!(
+        !r.join("b/final").exists(),
+        "the run finished before it was killed"
+    );
     let st = sorft()
         .current_dir(r)
         .args(sft_args("b"))
@@ -231,7 +291,10 @@ fn ctrl_c_saves_a_checkpoint_and_exits_cleanly() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for(&r.join("c/checkpoints/step-00000001"), Duration::from_secs(60));
+    wait_for(
+        &r.join("c/checkpoints/step-00000001"),
+        Duration::from_secs(60),
+    );
     // SAFETY: plain kill(2) on our own child.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGINT);
@@ -260,14 +323,25 @@ fn bad_data_is_a_one_line_error_naming_file_line_and_field() {
     .unwrap();
     let out = sorft()
         .current_dir(r)
-        .args(["sft", "--model", "base", "--data", "bad.jsonl", "--out", "o", "--no-progress"])
+        .args([
+            "sft",
+            "--model",
+            "base",
+            "--data",
+            "bad.jsonl",
+            "--out",
+            "o",
+            "--no-progress",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     let last = err.lines().last().unwrap();
     assert!(
-        last.starts_with("error:") && last.contains("bad.jsonl") && last.contains("line 2: messages[0].role"),
+        last.starts_with("error:")
+            && last.contains("bad.jsonl")
+            && last.contains("line 2: messages[0].role"),
         "{err}"
     );
 }

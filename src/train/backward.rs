@@ -125,13 +125,40 @@ pub fn backward<B: Backend>(
 
         // MLP.
         let mut dm = fh(&a.m)?;
-        project_backward(be, &a.m, &blk.down, ad(LoraTarget::Down), s, &dx, &mut dm, pg!(down, LoraTarget::Down))?;
+        project_backward(
+            be,
+            &a.m,
+            &blk.down,
+            ad(LoraTarget::Down),
+            s,
+            &dx,
+            &mut dm,
+            pg!(down, LoraTarget::Down),
+        )?;
         drop(a.m);
         let (dg, du) = be.swiglu_backward(&a.g, &a.u, &dm)?;
         drop(dm);
         let mut dh2 = be.zeros(&[t, d], DType::F32)?;
-        project_backward(be, &a.h2, &blk.gate, ad(LoraTarget::Gate), s, &dg, &mut dh2, pg!(gate, LoraTarget::Gate))?;
-        project_backward(be, &a.h2, &blk.up, ad(LoraTarget::Up), s, &du, &mut dh2, pg!(up, LoraTarget::Up))?;
+        project_backward(
+            be,
+            &a.h2,
+            &blk.gate,
+            ad(LoraTarget::Gate),
+            s,
+            &dg,
+            &mut dh2,
+            pg!(gate, LoraTarget::Gate),
+        )?;
+        project_backward(
+            be,
+            &a.h2,
+            &blk.up,
+            ad(LoraTarget::Up),
+            s,
+            &du,
+            &mut dh2,
+            pg!(up, LoraTarget::Up),
+        )?;
         drop((dg, du));
         let gpost = full.as_deref_mut().map(|b| &mut b.post_norm);
         let dxm = be.rms_norm_backward(&a.x_mid, &blk.post_norm, &dh2, c.rms_norm_eps, gpost)?;
@@ -143,7 +170,9 @@ pub fn backward<B: Backend>(
         let go = ProjGrad {
             w: full.as_deref_mut().map(|b| &mut b.o),
             bias: None,
-            adapter: lg.as_deref_mut().and_then(|g| g.adapter_mut(l, LoraTarget::O)),
+            adapter: lg
+                .as_deref_mut()
+                .and_then(|g| g.adapter_mut(l, LoraTarget::O)),
         };
         project_backward(be, &a.att, &blk.o, ad(LoraTarget::O), s, &dx, &mut datt, go)?;
         if let Some(gb) = full.as_deref_mut().and_then(|b| b.o_bias.as_mut()) {
@@ -163,11 +192,24 @@ pub fn backward<B: Backend>(
         be.rope_backward(&mut dq, &batch.positions, c.head_dim, c.rope_theta)?;
         be.rope_backward(&mut dk, &batch.positions, c.head_dim, c.rope_theta)?;
         let mut dh1 = be.zeros(&[t, d], DType::F32)?;
-        for (target, dy) in [(LoraTarget::Q, &dq), (LoraTarget::K, &dk), (LoraTarget::V, &dv)] {
+        for (target, dy) in [
+            (LoraTarget::Q, &dq),
+            (LoraTarget::K, &dk),
+            (LoraTarget::V, &dv),
+        ] {
             let (w, gsel) = match target {
-                LoraTarget::Q => (&blk.q, full.as_deref_mut().map(|b| (&mut b.q, b.q_bias.as_mut()))),
-                LoraTarget::K => (&blk.k, full.as_deref_mut().map(|b| (&mut b.k, b.k_bias.as_mut()))),
-                _ => (&blk.v, full.as_deref_mut().map(|b| (&mut b.v, b.v_bias.as_mut()))),
+                LoraTarget::Q => (
+                    &blk.q,
+                    full.as_deref_mut().map(|b| (&mut b.q, b.q_bias.as_mut())),
+                ),
+                LoraTarget::K => (
+                    &blk.k,
+                    full.as_deref_mut().map(|b| (&mut b.k, b.k_bias.as_mut())),
+                ),
+                _ => (
+                    &blk.v,
+                    full.as_deref_mut().map(|b| (&mut b.v, b.v_bias.as_mut())),
+                ),
             };
             let (gw, gb) = match gsel {
                 Some((w, b)) => (Some(w), b),
@@ -181,7 +223,7 @@ pub fn backward<B: Backend>(
             project_backward(be, &a.h1, w, ad(target), s, dy, &mut dh1, g)?;
         }
         drop((dq, dk, dv));
-        let gin = full.as_deref_mut().map(|b| &mut b.input_norm);
+        let gin = full.map(|b| &mut b.input_norm);
         let dxi = be.rms_norm_backward(&a.x_in, &blk.input_norm, &dh1, c.rms_norm_eps, gin)?;
         be.add_assign(&mut dx, &dxi)?;
     }

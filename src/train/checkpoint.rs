@@ -66,8 +66,11 @@ pub fn safetensors_bytes(tensors: &BTreeMap<String, HostTensor>) -> Result<Vec<u
         .map_err(|e| TrainError::invalid("safetensors", "serialize", e.to_string()))
 }
 
+/// Host tensors by name: `(shape, values)`.
+pub type HostF32Map = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// Reads every floating-point tensor of a safetensors file as f32: name -> (shape, values).
-pub fn read_f32_tensors(path: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>> {
+pub fn read_f32_tensors(path: &Path) -> Result<HostF32Map> {
     let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
         TrainError::invalid(path, "header", format!("not a valid safetensors file: {e}"))
@@ -115,7 +118,9 @@ pub fn save(root: &Path, step: u64, files: &[(String, Vec<u8>)]) -> Result<PathB
     let mut sums = serde_json::Map::new();
     for (fname, bytes) in files {
         if fname.contains('/') || fname == MANIFEST {
-            return Err(TrainError::Input(format!("bad checkpoint file name {fname:?}")));
+            return Err(TrainError::Input(format!(
+                "bad checkpoint file name {fname:?}"
+            )));
         }
         write_atomic(&tmp.join(fname), bytes)?;
         sums.insert(
@@ -144,10 +149,8 @@ pub fn verify(dir: &Path) -> Result<()> {
         msg,
     };
     let mpath = dir.join(MANIFEST);
-    let text = std::fs::read_to_string(&mpath)
-        .map_err(|e| corrupt(format!("{MANIFEST}: {e}")))?;
-    let v: Value =
-        serde_json::from_str(&text).map_err(|e| corrupt(format!("{MANIFEST}: {e}")))?;
+    let text = std::fs::read_to_string(&mpath).map_err(|e| corrupt(format!("{MANIFEST}: {e}")))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| corrupt(format!("{MANIFEST}: {e}")))?;
     let files = v
         .get("files")
         .and_then(Value::as_object)
@@ -157,8 +160,7 @@ pub fn verify(dir: &Path) -> Result<()> {
             .get("checksum64")
             .and_then(Value::as_str)
             .ok_or_else(|| corrupt(format!("{MANIFEST}: files.{name}.checksum64: missing")))?;
-        let bytes =
-            std::fs::read(dir.join(name)).map_err(|e| corrupt(format!("{name}: {e}")))?;
+        let bytes = std::fs::read(dir.join(name)).map_err(|e| corrupt(format!("{name}: {e}")))?;
         let got = format!("{:016x}", checksum64(&bytes));
         if got != want {
             return Err(corrupt(format!(
@@ -181,7 +183,10 @@ pub fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
     for entry in rd {
         let entry = io(root, entry)?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(n) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) {
+        if let Some(n) = name
+            .strip_prefix("step-")
+            .and_then(|s| s.parse::<u64>().ok())
+        {
             if entry.path().is_dir() {
                 out.push((n, entry.path()));
             }

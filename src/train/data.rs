@@ -40,7 +40,11 @@ pub fn read_chat_jsonl(path: &Path) -> Result<Vec<ChatExample>> {
         let mut messages = Vec::with_capacity(msgs.len());
         for (i, m) in msgs.iter().enumerate() {
             let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
-                TrainError::invalid(path, at(&format!("messages[{i}].role")), "missing or not a string")
+                TrainError::invalid(
+                    path,
+                    at(&format!("messages[{i}].role")),
+                    "missing or not a string",
+                )
             })?;
             if !matches!(role, "system" | "user" | "assistant") {
                 return Err(TrainError::invalid(
@@ -77,7 +81,11 @@ pub fn read_chat_jsonl(path: &Path) -> Result<Vec<ChatExample>> {
         out.push(ChatExample { messages, weight });
     }
     if out.is_empty() {
-        return Err(TrainError::invalid(path, "messages", "no examples in the file"));
+        return Err(TrainError::invalid(
+            path,
+            "messages",
+            "no examples in the file",
+        ));
     }
     Ok(out)
 }
@@ -137,7 +145,12 @@ pub fn split_held_out<T: Clone>(items: &[T], fraction: f64, seed: u64) -> (Vec<T
 
 /// The packed batches of one epoch: the examples shuffled by `(seed, epoch)` and packed greedily
 /// into batches of at most `batch_tokens` tokens (a longer example is a batch of its own).
-pub fn epoch_batches(lens: &[usize], batch_tokens: usize, seed: u64, epoch: u64) -> Vec<Vec<usize>> {
+pub fn epoch_batches(
+    lens: &[usize],
+    batch_tokens: usize,
+    seed: u64,
+    epoch: u64,
+) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..lens.len()).collect();
     let mut rng = SplitMix::new(mix64(seed) ^ mix64(epoch.wrapping_add(1)));
     for i in (1..order.len()).rev() {

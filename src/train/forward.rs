@@ -57,7 +57,8 @@ impl Batch {
                 b.ids.push(s.ids[i]);
                 b.positions.push(i as u32);
                 let trained = i + 1 < len && s.mask[i + 1] != 0;
-                b.targets.push(if trained { s.ids[i + 1] } else { IGNORE_TARGET });
+                b.targets
+                    .push(if trained { s.ids[i + 1] } else { IGNORE_TARGET });
                 b.weights.push(if trained { s.weight } else { 0.0 });
             }
             b.cu_seqlens.push(b.ids.len() as u32);
@@ -295,7 +296,8 @@ pub fn forward<B: Backend>(
         x = y;
     }
     let h_final = be.rms_norm(&x, &model.norm, c.rms_norm_eps)?;
-    let (logp, entropy) = be.token_logprobs(&h_final, model.head(), &db.targets, opts.chunk_rows)?;
+    let (logp, entropy) =
+        be.token_logprobs(&h_final, model.head(), &db.targets, opts.chunk_rows)?;
     Ok(Forward {
         batch: db,
         blocks,

@@ -282,15 +282,16 @@ impl<B: Backend> Lora<B> {
             .filter(|&r| r > 0)
             .ok_or_else(|| TrainError::invalid(&cpath, "r", "missing or not a positive integer"))?
             as usize;
-        let alpha = v
-            .get("lora_alpha")
-            .and_then(Value::as_f64)
-            .ok_or_else(|| TrainError::invalid(&cpath, "lora_alpha", "missing or not a number"))?
-            as f32;
+        let alpha =
+            v.get("lora_alpha").and_then(Value::as_f64).ok_or_else(|| {
+                TrainError::invalid(&cpath, "lora_alpha", "missing or not a number")
+            })? as f32;
         let mods = v
             .get("target_modules")
             .and_then(Value::as_array)
-            .ok_or_else(|| TrainError::invalid(&cpath, "target_modules", "missing or not a list"))?;
+            .ok_or_else(|| {
+                TrainError::invalid(&cpath, "target_modules", "missing or not a list")
+            })?;
         let mut targets = Vec::new();
         for m in mods {
             let s = m.as_str().unwrap_or("");

@@ -44,7 +44,9 @@ pub fn cross_entropy<B: Backend>(
         )));
     }
     if !(norm > 0.0 && norm.is_finite()) {
-        return Err(TrainError::Input(format!("loss normaliser {norm} is not positive")));
+        return Err(TrainError::Input(format!(
+            "loss normaliser {norm} is not positive"
+        )));
     }
     let mut loss = 0.0f64;
     let mut tokens = 0;

@@ -20,7 +20,9 @@ use crate::model::weights::{write_atomic, HostTensor};
 use crate::model::Tokenizer;
 use crate::train::backward::backward;
 use crate::train::checkpoint::{self, read_f32_tensors, safetensors_bytes};
-use crate::train::data::{encode_examples, epoch_batches, read_chat_jsonl, split_held_out, ChatExample};
+use crate::train::data::{
+    encode_examples, epoch_batches, read_chat_jsonl, split_held_out, ChatExample,
+};
 use crate::train::error::{Result, TrainError};
 use crate::train::forward::{forward, Batch, ForwardOptions, Sequence};
 use crate::train::lora::{Lora, LoraConfig, LoraTarget};
@@ -304,10 +306,17 @@ pub fn greedy_exact_match<B: Backend>(
     Ok(hits as f64 / reqs.len() as f64)
 }
 
-fn host_tensors<B: Backend>(be: &B, named: Vec<(String, &crate::engine::Tensor<B>)>, prefix: &str) -> Result<BTreeMap<String, HostTensor>> {
+fn host_tensors<B: Backend>(
+    be: &B,
+    named: Vec<(String, &crate::engine::Tensor<B>)>,
+    prefix: &str,
+) -> Result<BTreeMap<String, HostTensor>> {
     let mut out = BTreeMap::new();
     for (n, t) in named {
-        out.insert(format!("{prefix}{n}"), HostTensor::f32(t.shape(), &be.to_host_f32(t)?));
+        out.insert(
+            format!("{prefix}{n}"),
+            HostTensor::f32(t.shape(), &be.to_host_f32(t)?),
+        );
     }
     Ok(out)
 }
@@ -325,7 +334,10 @@ fn side_files(model_dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
     for f in MODEL_SIDE_FILES {
         let p = model_dir.join(f);
         if p.exists() {
-            out.push((f.to_string(), std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?));
+            out.push((
+                f.to_string(),
+                std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?,
+            ));
         }
     }
     Ok(out)
@@ -349,7 +361,10 @@ impl<B: Backend> Run<B> {
                 l.save_peft(&self.be, &tmp, &self.cfg.model.to_string_lossy())?;
                 for f in ["adapter_model.safetensors", "adapter_config.json"] {
                     let p = tmp.join(f);
-                    files.push((f.to_string(), std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?));
+                    files.push((
+                        f.to_string(),
+                        std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?,
+                    ));
                 }
                 let _ = std::fs::remove_dir_all(&tmp);
             }
@@ -361,8 +376,14 @@ impl<B: Backend> Run<B> {
         let mut moments = BTreeMap::new();
         for (i, name) in self.opt.names.iter().enumerate() {
             let (m, v) = (&self.opt.m[i], &self.opt.v[i]);
-            moments.insert(format!("m.{name}"), HostTensor::f32(m.shape(), &self.be.to_host_f32(m)?));
-            moments.insert(format!("v.{name}"), HostTensor::f32(v.shape(), &self.be.to_host_f32(v)?));
+            moments.insert(
+                format!("m.{name}"),
+                HostTensor::f32(m.shape(), &self.be.to_host_f32(m)?),
+            );
+            moments.insert(
+                format!("v.{name}"),
+                HostTensor::f32(v.shape(), &self.be.to_host_f32(v)?),
+            );
         }
         files.push(("optimizer.safetensors".into(), safetensors_bytes(&moments)?));
         let state = TrainState {
@@ -388,7 +409,11 @@ impl<B: Backend> Run<B> {
         }
         let tensors = match &self.lora {
             Some(l) => {
-                l.save_peft(&self.be, &self.cfg.out.join("adapter"), &self.cfg.model.to_string_lossy())?;
+                l.save_peft(
+                    &self.be,
+                    &self.cfg.out.join("adapter"),
+                    &self.cfg.model.to_string_lossy(),
+                )?;
                 let mut merged = Model::load(&self.be, &self.cfg.model)?;
                 l.merge_into(&mut merged)?;
                 host_tensors(&self.be, model_params(&merged), "")?
@@ -420,10 +445,14 @@ fn check_same(ckpt: &Path, what: &str, old: String, new: String) -> Result<()> {
 fn load_state(dir: &Path) -> Result<TrainState> {
     let p = dir.join("train_state.json");
     let text = std::fs::read_to_string(&p).map_err(|e| TrainError::io(&p, e))?;
-    let st: TrainState = serde_json::from_str(&text)
-        .map_err(|e| TrainError::invalid(&p, "json", e.to_string()))?;
+    let st: TrainState =
+        serde_json::from_str(&text).map_err(|e| TrainError::invalid(&p, "json", e.to_string()))?;
     if st.format != STATE_FORMAT {
-        return Err(TrainError::invalid(&p, "format", format!("{:?}, expected {STATE_FORMAT:?}", st.format)));
+        return Err(TrainError::invalid(
+            &p,
+            "format",
+            format!("{:?}, expected {STATE_FORMAT:?}", st.format),
+        ));
     }
     Ok(st)
 }
@@ -458,11 +487,15 @@ pub fn run_sft<B: Backend>(
 ) -> Result<SftOutcome> {
     if cfg.batch_tokens < 2 || cfg.grad_accum == 0 || cfg.epochs == 0 || cfg.max_len < 2 {
         return Err(TrainError::Input(
-            "--batch-tokens and --max-len must be at least 2, --grad-accum and --epochs at least 1".into(),
+            "--batch-tokens and --max-len must be at least 2, --grad-accum and --epochs at least 1"
+                .into(),
         ));
     }
     if !(cfg.optim.lr > 0.0 && cfg.optim.lr.is_finite()) {
-        return Err(TrainError::Input(format!("--lr {} is not a positive number", cfg.optim.lr)));
+        return Err(TrainError::Input(format!(
+            "--lr {} is not a positive number",
+            cfg.optim.lr
+        )));
     }
     let tok_path = cfg.model.join("tokenizer.json");
     let tok = Tokenizer::from_file(&tok_path)?;
@@ -475,11 +508,19 @@ pub fn run_sft<B: Backend>(
     let (train, dropped) = encode_examples(&tok, &train_ex, max_len)?;
     let (held, _) = encode_examples(&tok, &eval_ex, max_len)?;
     if train.is_empty() {
-        return Err(TrainError::invalid(&cfg.data, "messages", "no example has an assistant token within --max-len"));
+        return Err(TrainError::invalid(
+            &cfg.data,
+            "messages",
+            "no example has an assistant token within --max-len",
+        ));
     }
     let lens: Vec<usize> = train.iter().map(|s| s.ids.len()).collect();
     let micro: Vec<(u64, Vec<usize>)> = (0..cfg.epochs)
-        .flat_map(|e| epoch_batches(&lens, cfg.batch_tokens, cfg.seed, e).into_iter().map(move |b| (e, b)))
+        .flat_map(|e| {
+            epoch_batches(&lens, cfg.batch_tokens, cfg.seed, e)
+                .into_iter()
+                .map(move |b| (e, b))
+        })
         .collect();
     let total_steps = micro.len().div_ceil(cfg.grad_accum) as u64;
     let mut ocfg = cfg.optim.clone();
@@ -506,13 +547,33 @@ pub fn run_sft<B: Backend>(
     let state = ckpt.as_deref().map(load_state).transpose()?;
     if let (Some(d), Some(st)) = (&ckpt, &state) {
         let c = &st.config;
-        check_same(d, "batch_tokens", c.batch_tokens.to_string(), cfg.batch_tokens.to_string())?;
-        check_same(d, "grad_accum", c.grad_accum.to_string(), cfg.grad_accum.to_string())?;
+        check_same(
+            d,
+            "batch_tokens",
+            c.batch_tokens.to_string(),
+            cfg.batch_tokens.to_string(),
+        )?;
+        check_same(
+            d,
+            "grad_accum",
+            c.grad_accum.to_string(),
+            cfg.grad_accum.to_string(),
+        )?;
         check_same(d, "epochs", c.epochs.to_string(), cfg.epochs.to_string())?;
         check_same(d, "seed", c.seed.to_string(), cfg.seed.to_string())?;
         check_same(d, "max_len", c.max_len.to_string(), cfg.max_len.to_string())?;
-        check_same(d, "lora_rank", c.lora_rank.to_string(), cfg.lora_rank.to_string())?;
-        check_same(d, "total_steps", st.total_steps.to_string(), total_steps.to_string())?;
+        check_same(
+            d,
+            "lora_rank",
+            c.lora_rank.to_string(),
+            cfg.lora_rank.to_string(),
+        )?;
+        check_same(
+            d,
+            "total_steps",
+            st.total_steps.to_string(),
+            total_steps.to_string(),
+        )?;
     }
 
     let lora_cfg = (cfg.lora_rank > 0)
@@ -557,7 +618,11 @@ pub fn run_sft<B: Backend>(
                     .get(&key)
                     .ok_or_else(|| TrainError::invalid(&p, &key, "missing"))?;
                 if shape.as_slice() != dst.shape() {
-                    return Err(TrainError::invalid(&p, &key, format!("shape {shape:?}, expected {:?}", dst.shape())));
+                    return Err(TrainError::invalid(
+                        &p,
+                        &key,
+                        format!("shape {shape:?}, expected {:?}", dst.shape()),
+                    ));
                 }
                 *dst = be.upload(HostData::F32(data), shape)?;
             }
@@ -630,7 +695,14 @@ pub fn run_sft<B: Backend>(
             let fwd = forward(&run.model, run.lora.as_ref(), b, fopts)?;
             let lg = cross_entropy(be, &fwd, &b.weights, trained.max(1) as f64)?;
             loss += lg.loss;
-            backward(&run.model, run.lora.as_ref(), fwd, &lg.g_logp, &lg.g_entropy, &mut grads)?;
+            backward(
+                &run.model,
+                run.lora.as_ref(),
+                fwd,
+                &lg.g_logp,
+                &lg.g_entropy,
+                &mut grads,
+            )?;
         }
         let params = match run.lora.as_mut() {
             Some(l) => l.params_mut(),
@@ -657,7 +729,13 @@ pub fn run_sft<B: Backend>(
         on(SftEvent::Step(m));
         let last = step == total_steps;
         if !held.is_empty() && (last || (cfg.eval_every > 0 && step % cfg.eval_every == 0)) {
-            let (l, n) = eval_loss(&run.model, run.lora.as_ref(), &held, cfg.batch_tokens, fopts.chunk_rows)?;
+            let (l, n) = eval_loss(
+                &run.model,
+                run.lora.as_ref(),
+                &held,
+                cfg.batch_tokens,
+                fopts.chunk_rows,
+            )?;
             log(json!({ "step": step, "eval_loss": l, "eval_tokens": n }))?;
             on(SftEvent::Eval { step, loss: l });
             eval_loss_last = Some(l);
@@ -666,7 +744,10 @@ pub fn run_sft<B: Backend>(
         let budget = cfg.max_steps > 0 && step >= cfg.max_steps;
         if last || stop_now || budget || (cfg.save_every > 0 && step % cfg.save_every == 0) {
             let dir = run.save_checkpoint(step, hi as u64)?;
-            on(SftEvent::Saved { step, dir: dir.clone() });
+            on(SftEvent::Saved {
+                step,
+                dir: dir.clone(),
+            });
             last_ckpt = Some(dir);
         }
         if (stop_now || budget) && !last {

@@ -348,7 +348,10 @@ pub fn attention_backward(
     same_shape(op, q, dout)?;
     let nh = sh.n_heads;
     if lse.shape() != [t, nh] {
-        return Err(shape_err(op, format!("lse {:?} for [{t}, {nh}]", lse.shape())));
+        return Err(shape_err(
+            op,
+            format!("lse {:?} for [{t}, {nh}]", lse.shape()),
+        ));
     }
     let seqs = seq_bounds(cu_seqlens, t, op)?;
     let (qs, ks, vs) = (f32s(q, op)?, f32s(k, op)?, f32s(v, op)?);
@@ -416,8 +419,7 @@ pub fn attention_backward(
         for i in 0..ag.e - ag.s {
             let row = ag.s + i;
             let qdst = row * qf + ag.g * group * d;
-            dq[qdst..qdst + group * d]
-                .copy_from_slice(&ag.dq[i * group * d..(i + 1) * group * d]);
+            dq[qdst..qdst + group * d].copy_from_slice(&ag.dq[i * group * d..(i + 1) * group * d]);
             let kdst = row * kf + ag.g * d;
             dk[kdst..kdst + d].copy_from_slice(&ag.dk[i * d..(i + 1) * d]);
             dv[kdst..kdst + d].copy_from_slice(&ag.dv[i * d..(i + 1) * d]);
@@ -445,7 +447,11 @@ pub fn swiglu_backward(
     let mut du = vec![0.0f32; g.len()];
     dg.par_chunks_mut(4096)
         .zip(du.par_chunks_mut(4096))
-        .zip(g.par_chunks(4096).zip(u.par_chunks(4096)).zip(dm.par_chunks(4096)))
+        .zip(
+            g.par_chunks(4096)
+                .zip(u.par_chunks(4096))
+                .zip(dm.par_chunks(4096)),
+        )
         .for_each(|((dg, du), ((g, u), dm))| {
             for i in 0..g.len() {
                 let sig = 1.0 / (1.0 + (-g[i]).exp());
@@ -454,10 +460,7 @@ pub fn swiglu_backward(
                 dg[i] = dm[i] * u[i] * sig * (1.0 + g[i] * (1.0 - sig));
             }
         });
-    Ok((
-        tensor_f32(dg, gate.shape()),
-        tensor_f32(du, gate.shape()),
-    ))
+    Ok((tensor_f32(dg, gate.shape()), tensor_f32(du, gate.shape())))
 }
 
 /// Scatter-add of rows of `dx` into `dtable` at `ids`.
@@ -542,7 +545,13 @@ fn active_chunks(targets: &[u32], chunk_rows: usize) -> Vec<Vec<usize>> {
 }
 
 /// Logits `[rows.len(), v]` of the chosen rows of `hs` and the gathered rows `[rows.len(), d]`.
-fn chunk_logits(hs: &[f32], head: &[f32], rows: &[usize], d: usize, v: usize) -> (Vec<f32>, Vec<f32>) {
+fn chunk_logits(
+    hs: &[f32],
+    head: &[f32],
+    rows: &[usize],
+    d: usize,
+    v: usize,
+) -> (Vec<f32>, Vec<f32>) {
     let mut hb = Vec::with_capacity(rows.len() * d);
     for &r in rows {
         hb.extend_from_slice(&hs[r * d..(r + 1) * d]);
@@ -629,7 +638,7 @@ pub fn token_logprobs_backward(
     g_logp: &Tensor<Cpu>,
     g_entropy: &Tensor<Cpu>,
     chunk_rows: usize,
-    mut dhead: Option<&mut Tensor<Cpu>>,
+    dhead: Option<&mut Tensor<Cpu>>,
 ) -> Result<Tensor<Cpu>> {
     let op = "token_logprobs_backward";
     let (t, d, v) = check_loss(op, h, head, targets)?;
@@ -719,7 +728,7 @@ pub fn token_logprobs_backward(
             true,
         );
     }
-    if let (false, Some(dhead)) = (dw_acc.is_empty(), dhead.as_deref_mut()) {
+    if let (false, Some(dhead)) = (dw_acc.is_empty(), dhead) {
         let dw = f32s_mut(dhead, op)?;
         dw.par_chunks_mut(4096)
             .zip(dw_acc.par_chunks(4096))
@@ -788,7 +797,10 @@ pub fn adamw_step(
     let ps = f32s_mut(param, "adamw_step")?;
     ps.par_chunks_mut(ELEM_BLOCK)
         .zip(g.par_chunks(ELEM_BLOCK))
-        .zip(ms.par_chunks_mut(ELEM_BLOCK).zip(vs.par_chunks_mut(ELEM_BLOCK)))
+        .zip(
+            ms.par_chunks_mut(ELEM_BLOCK)
+                .zip(vs.par_chunks_mut(ELEM_BLOCK)),
+        )
         .for_each(|((p, g), (m, v))| {
             for i in 0..p.len() {
                 m[i] = hp.beta1 * m[i] + (1.0 - hp.beta1) * g[i];
