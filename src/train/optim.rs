@@ -102,14 +102,38 @@ impl<B: Backend> AdamW<B> {
     }
 
     /// Clips the gradients to the global norm and applies one AdamW update to `params` (which
-    /// must be in the order of `grads`).
+    /// must be in the order of `grads`) at the learning rate of the schedule.
     pub fn step(
         &mut self,
         be: &B,
         params: Vec<(String, &mut Tensor<B>)>,
         grads: &mut Grads<B>,
     ) -> Result<StepStats> {
-        let grad_norm = grads.global_norm(be)?;
+        let lr = lr_at(&self.config, self.step);
+        self.step_with_lr(be, params, grads.named_mut(), lr)
+    }
+
+    /// As [`AdamW::step`] with an explicit learning rate and named gradient tensors.
+    pub fn step_with_lr(
+        &mut self,
+        be: &B,
+        params: Vec<(String, &mut Tensor<B>)>,
+        mut grads: Vec<(String, &mut Tensor<B>)>,
+        lr: f32,
+    ) -> Result<StepStats> {
+        if grads.len() != params.len() || params.len() != self.names.len() {
+            return Err(TrainError::Input(format!(
+                "{} parameters, {} gradients, {} optimizer slots",
+                params.len(),
+                grads.len(),
+                self.names.len()
+            )));
+        }
+        let mut ss = 0.0f64;
+        for (_, g) in grads.iter() {
+            ss += be.sum_squares(g)?;
+        }
+        let grad_norm = ss.sqrt();
         if !grad_norm.is_finite() {
             return Err(TrainError::Input(format!(
                 "gradient norm is {grad_norm} at step {}",
@@ -119,20 +143,13 @@ impl<B: Backend> AdamW<B> {
         let max = self.config.max_grad_norm as f64;
         let clipped = max > 0.0 && grad_norm > max;
         if clipped {
-            grads.scale(be, (max / (grad_norm + 1e-6)) as f32)?;
+            let c = (max / (grad_norm + 1e-6)) as f32;
+            for (_, g) in grads.iter_mut() {
+                be.scale(g, c)?;
+            }
         }
-        let lr = lr_at(&self.config, self.step);
         self.step += 1;
-        let gs = grads.named();
-        if gs.len() != params.len() || params.len() != self.names.len() {
-            return Err(TrainError::Input(format!(
-                "{} parameters, {} gradients, {} optimizer slots",
-                params.len(),
-                gs.len(),
-                self.names.len()
-            )));
-        }
-        for (i, ((name, p), (gname, g))) in params.into_iter().zip(gs).enumerate() {
+        for (i, ((name, p), (gname, g))) in params.into_iter().zip(grads).enumerate() {
             if name != gname || name != self.names[i] {
                 return Err(TrainError::Input(format!(
                     "parameter {name} does not match gradient {gname}"
@@ -158,5 +175,27 @@ impl<B: Backend> AdamW<B> {
             grad_norm,
             clipped,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor() {
+        let c = OptimConfig {
+            lr: 1.0,
+            warmup_steps: 4,
+            total_steps: 14,
+            min_lr_ratio: 0.1,
+            ..OptimConfig::default()
+        };
+        let lrs: Vec<f32> = (0..16).map(|s| lr_at(&c, s)).collect();
+        assert_eq!(&lrs[..4], &[0.25, 0.5, 0.75, 1.0]);
+        assert!((lrs[4] - 1.0).abs() < 1e-6);
+        assert!((lrs[9] - 0.55).abs() < 1e-6, "{}", lrs[9]);
+        assert!((lrs[14] - 0.1).abs() < 1e-6 && (lrs[15] - 0.1).abs() < 1e-6);
+        assert!(lrs[4..15].windows(2).all(|w| w[1] <= w[0]));
     }
 }
