@@ -5,10 +5,18 @@ Run by developers, not by CI (CI uses the committed outputs):
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch transformers safetensors
     /tmp/venv/bin/python scripts/parity_fixtures.py
 
+With --train-only, the existing fixtures are kept and only the training references are (re)written.
+
 Each variant is a tiny random model whose every parameter (norms and biases too) is re-initialised
 randomly, saved with save_pretrained, plus reference.json: token sequences, the log-probability of
 each token given its prefix (float64 log-softmax of float32 logits), and greedy continuations from
 model.generate.
+
+Training references (train_reference.json + train_grads.safetensors): for a fixed packed batch of
+two sequences with prompt masks and per-sequence weights, the loss
+    L = sum_t w_t * (-log p(target_t)) / N  +  beta * sum_t H_t / N
+over the N trained tokens (H is the entropy of the next-token distribution), and the gradient of
+every parameter (float32 autograd; a tied LM head adds into the embedding's gradient).
 """
 import json
 import os
@@ -16,6 +24,7 @@ import shutil
 import sys
 
 import torch
+from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "parity")
@@ -65,7 +74,58 @@ def reinit(model, gen):
                 p.copy_(0.15 * torch.randn(p.shape, generator=gen))
 
 
+TRAIN_BETA = 0.1
+
+
+def train_batch():
+    gen = torch.Generator().manual_seed(7)
+    seqs = [torch.randint(0, COMMON["vocab_size"], (n,), generator=gen).tolist() for n in (9, 20)]
+    # mask[i] = 1: token i is trained on (predicted from its prefix).
+    masks = [[0] * 3 + [1] * 6, [0] * 5 + [1] * 8 + [0] * 2 + [1] * 5]
+    weights = [1.0, 0.5]
+    return seqs, masks, weights
+
+
+def record_train_reference(out, family, extra):
+    """Loss and every parameter's gradient of the training reference batch for the model in out."""
+    from safetensors.torch import load_file
+    state = {}
+    for f in sorted(os.listdir(out)):
+        if f.endswith(".safetensors") and not f.startswith("train_"):
+            state.update({k: v.float() for k, v in load_file(os.path.join(out, f)).items()})
+    model = build(family, extra).float().train()
+    model.load_state_dict(state, strict=False)
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+    seqs, masks, weights = train_batch()
+    n = sum(sum(m[1:]) for m in masks)
+    model.zero_grad()
+    total = 0.0
+    for ids, mask, w in zip(seqs, masks, weights):
+        logits = model(torch.tensor([ids])).logits[0]
+        lsm = torch.log_softmax(logits[:-1], dim=-1)
+        tgt = torch.tensor(ids[1:])
+        m = torch.tensor(mask[1:], dtype=torch.float32)
+        logp = lsm.gather(1, tgt[:, None])[:, 0]
+        ent = -(lsm.exp() * lsm).sum(-1)
+        loss = (-(w * m * logp).sum() + TRAIN_BETA * (m * ent).sum()) / n
+        loss.backward()
+        total += loss.item()
+    grads = {}
+    for name, p in model.named_parameters():
+        grads[name] = p.grad.detach().clone().contiguous()
+    save_file(grads, os.path.join(out, "train_grads.safetensors"))
+    with open(os.path.join(out, "train_reference.json"), "w") as f:
+        json.dump({"sequences": seqs, "masks": masks, "weights": weights, "beta": TRAIN_BETA,
+                   "loss": total, "normaliser": n}, f)
+
+
 def main():
+    if "--train-only" in sys.argv:
+        for name, family, extra, _ in VARIANTS:
+            record_train_reference(os.path.join(ROOT, name), family, extra)
+            print(name, "training reference written", file=sys.stderr)
+        return
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1234)
     if os.path.isdir(ROOT):
@@ -101,6 +161,7 @@ def main():
                 ref["greedy"].append({"prompt": ids, "output": g[0, len(ids):].tolist()})
         with open(os.path.join(out, "reference.json"), "w") as f:
             json.dump(ref, f)
+        record_train_reference(out, family, extra)
         print(name, "written", sorted(os.listdir(out)), file=sys.stderr)
 
 

@@ -8,3 +8,4 @@ pub mod model;
 pub mod pipeline;
 pub mod rft;
 pub mod swe;
+pub mod train;

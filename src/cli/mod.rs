@@ -5,6 +5,7 @@ pub mod data;
 pub mod generate;
 pub mod model;
 pub mod score;
+pub mod sft;
 
 use clap::{Parser, Subcommand};
 
@@ -35,6 +36,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Datasets: generate synthetic instances, build subtask records, summarise files.
     Data(data::DataArgs),
+    /// Supervised fine-tuning on chat JSONL (full or LoRA).
+    Sft(sft::SftArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -60,5 +63,6 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Model(a) => model::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Data(a) => data::run(a),
+        Command::Sft(a) => sft::run(a),
     }
 }

@@ -84,6 +84,27 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// Hyper-parameters of one AdamW update (PyTorch semantics: decoupled weight decay, bias
+/// correction of both moments).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWParams {
+    /// Learning rate of this step.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// Decoupled weight decay.
+    pub weight_decay: f32,
+    /// The 1-based step number (for bias correction).
+    pub step: u64,
+}
+
+/// Target id that marks a row the token-loss operations skip (zero log-prob, entropy and gradient).
+pub const IGNORE_TARGET: u32 = u32::MAX;
+
 /// A compute backend. Implementations own tensor storage and run every numeric operation.
 pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// Storage of one tensor.
@@ -174,4 +195,122 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         params: &[SamplingParams],
         counters: &[u64],
     ) -> Result<Vec<Sampled>>;
+
+    // ---- training ----
+
+    /// `c [m, n] (+)= op(a) @ op(b)` where `op` transposes when asked (`a` is `[m, k]` or, with
+    /// `trans_a`, `[k, m]`; `b` is `[k, n]` or, with `trans_b`, `[n, k]`). Accumulates into `c`
+    /// when `accumulate`, else overwrites it.
+    fn matmul(
+        &self,
+        a: &Tensor<Self>,
+        trans_a: bool,
+        b: &Tensor<Self>,
+        trans_b: bool,
+        c: &mut Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// Column sums of `x [T, N]` into `out [N]` (bias gradients), accumulating when asked.
+    fn sum_rows(&self, x: &Tensor<Self>, out: &mut Tensor<Self>, accumulate: bool) -> Result<()>;
+    /// Backward of [`Backend::rms_norm`]: returns `dx [T, D]` and adds the weight gradient to
+    /// `dweight [D]` when given (a frozen weight needs none).
+    fn rms_norm_backward(
+        &self,
+        x: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        dy: &Tensor<Self>,
+        eps: f32,
+        dweight: Option<&mut Tensor<Self>>,
+    ) -> Result<Tensor<Self>>;
+    /// Backward of [`Backend::rope`] in place: rotates `dx` by the negative angles.
+    fn rope_backward(
+        &self,
+        dx: &mut Tensor<Self>,
+        positions: &Tensor<Self>,
+        head_dim: usize,
+        theta: f32,
+    ) -> Result<()>;
+    /// Causal attention over packed variable-length sequences: sequence `s` occupies rows
+    /// `cu_seqlens[s]..cu_seqlens[s+1]` of `q [T, H*hd]`, `k`, `v [T, Hkv*hd]`, and each row
+    /// attends to the rows of its sequence up to itself. Returns the output `[T, H*hd]` and the
+    /// log-sum-exp of every (row, head) softmax `[T, H]`, which the backward needs.
+    fn attention_train(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        cu_seqlens: &Tensor<Self>,
+        shape: AttentionShape,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)>;
+    /// Backward of [`Backend::attention_train`]: `(dq, dk, dv)` from the forward's inputs,
+    /// output, log-sum-exp and the output gradient `dout`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        cu_seqlens: &Tensor<Self>,
+        shape: AttentionShape,
+    ) -> Result<(Tensor<Self>, Tensor<Self>, Tensor<Self>)>;
+    /// Backward of [`Backend::swiglu`]: `(dgate, dup)`.
+    fn swiglu_backward(
+        &self,
+        gate: &Tensor<Self>,
+        up: &Tensor<Self>,
+        dout: &Tensor<Self>,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)>;
+    /// Backward of [`Backend::embedding`]: adds row `t` of `dx [T, D]` to row `ids[t]` of
+    /// `dtable [V, D]`.
+    fn embedding_backward(
+        &self,
+        dtable: &mut Tensor<Self>,
+        ids: &Tensor<Self>,
+        dx: &Tensor<Self>,
+    ) -> Result<()>;
+    /// Per-token log-probability of `targets [T]` and entropy of the next-token distribution,
+    /// from hidden states `h [T, D]` and the LM head `[V, D]`, computed `chunk_rows` rows at a
+    /// time so that at most `[chunk_rows, V]` logits exist at once. Rows whose target is
+    /// [`IGNORE_TARGET`] are skipped (0 and 0). Returns `(logp [T], entropy [T])`.
+    fn token_logprobs(
+        &self,
+        h: &Tensor<Self>,
+        head: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        chunk_rows: usize,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)>;
+    /// Backward of [`Backend::token_logprobs`] for a loss with `dL/dlogp = g_logp [T]` and
+    /// `dL/dentropy = g_entropy [T]`: returns `dh [T, D]` and adds the head gradient to
+    /// `dhead [V, D]` when given. Logits are recomputed chunk by chunk.
+    #[allow(clippy::too_many_arguments)]
+    fn token_logprobs_backward(
+        &self,
+        h: &Tensor<Self>,
+        head: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        g_logp: &Tensor<Self>,
+        g_entropy: &Tensor<Self>,
+        chunk_rows: usize,
+        dhead: Option<&mut Tensor<Self>>,
+    ) -> Result<Tensor<Self>>;
+    /// Sets every element of `x` to `value`.
+    fn fill(&self, x: &mut Tensor<Self>, value: f32) -> Result<()>;
+    /// `x *= s`.
+    fn scale(&self, x: &mut Tensor<Self>, s: f32) -> Result<()>;
+    /// `y += a * x`, same shapes.
+    fn axpy(&self, y: &mut Tensor<Self>, a: f32, x: &Tensor<Self>) -> Result<()>;
+    /// The sum of squares of the elements (accumulated in f64, deterministic order).
+    fn sum_squares(&self, x: &Tensor<Self>) -> Result<f64>;
+    /// One AdamW update of `param` from `grad` with moments `m`, `v` (all the same shape).
+    fn adamw_step(
+        &self,
+        param: &mut Tensor<Self>,
+        grad: &Tensor<Self>,
+        m: &mut Tensor<Self>,
+        v: &mut Tensor<Self>,
+        hp: AdamWParams,
+    ) -> Result<()>;
 }

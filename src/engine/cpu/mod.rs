@@ -2,6 +2,7 @@
 //! It is the reference every other backend is checked against.
 
 mod attention;
+mod grad;
 pub mod matmul;
 mod ops;
 pub mod simd;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
-use crate::engine::backend::{AttentionShape, HostData, MappedBytes};
+use crate::engine::backend::{AdamWParams, AttentionShape, HostData, MappedBytes};
 use crate::engine::error::{EngineError, Result};
 use crate::engine::sampling::{sample_row, Sampled, SamplingParams};
 use crate::engine::{Backend, DType, Tensor};
@@ -295,5 +296,137 @@ impl Backend for Cpu {
             .zip(params.par_iter().zip(counters.par_iter()))
             .map(|(row, (p, &c))| sample_row(row, p, c))
             .collect())
+    }
+
+    // ---- training ----
+
+    fn matmul(
+        &self,
+        a: &Tensor<Self>,
+        trans_a: bool,
+        b: &Tensor<Self>,
+        trans_b: bool,
+        c: &mut Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        grad::matmul(a, trans_a, b, trans_b, c, accumulate)
+    }
+
+    fn sum_rows(&self, x: &Tensor<Self>, out: &mut Tensor<Self>, accumulate: bool) -> Result<()> {
+        grad::sum_rows(x, out, accumulate)
+    }
+
+    fn rms_norm_backward(
+        &self,
+        x: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        dy: &Tensor<Self>,
+        eps: f32,
+        dweight: Option<&mut Tensor<Self>>,
+    ) -> Result<Tensor<Self>> {
+        grad::rms_norm_backward(x, weight, dy, eps, dweight)
+    }
+
+    fn rope_backward(
+        &self,
+        dx: &mut Tensor<Self>,
+        positions: &Tensor<Self>,
+        head_dim: usize,
+        theta: f32,
+    ) -> Result<()> {
+        grad::rope_backward(dx, positions, head_dim, theta)
+    }
+
+    fn attention_train(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        cu_seqlens: &Tensor<Self>,
+        shape: AttentionShape,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        grad::attention_train(q, k, v, cu_seqlens, shape)
+    }
+
+    fn attention_backward(
+        &self,
+        q: &Tensor<Self>,
+        k: &Tensor<Self>,
+        v: &Tensor<Self>,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        cu_seqlens: &Tensor<Self>,
+        shape: AttentionShape,
+    ) -> Result<(Tensor<Self>, Tensor<Self>, Tensor<Self>)> {
+        grad::attention_backward(q, k, v, out, lse, dout, cu_seqlens, shape)
+    }
+
+    fn swiglu_backward(
+        &self,
+        gate: &Tensor<Self>,
+        up: &Tensor<Self>,
+        dout: &Tensor<Self>,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        grad::swiglu_backward(gate, up, dout)
+    }
+
+    fn embedding_backward(
+        &self,
+        dtable: &mut Tensor<Self>,
+        ids: &Tensor<Self>,
+        dx: &Tensor<Self>,
+    ) -> Result<()> {
+        grad::embedding_backward(dtable, ids, dx)
+    }
+
+    fn token_logprobs(
+        &self,
+        h: &Tensor<Self>,
+        head: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        chunk_rows: usize,
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        grad::token_logprobs(h, head, targets, chunk_rows)
+    }
+
+    fn token_logprobs_backward(
+        &self,
+        h: &Tensor<Self>,
+        head: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        g_logp: &Tensor<Self>,
+        g_entropy: &Tensor<Self>,
+        chunk_rows: usize,
+        dhead: Option<&mut Tensor<Self>>,
+    ) -> Result<Tensor<Self>> {
+        grad::token_logprobs_backward(h, head, targets, g_logp, g_entropy, chunk_rows, dhead)
+    }
+
+    fn fill(&self, x: &mut Tensor<Self>, value: f32) -> Result<()> {
+        grad::fill(x, value)
+    }
+
+    fn scale(&self, x: &mut Tensor<Self>, s: f32) -> Result<()> {
+        grad::scale(x, s)
+    }
+
+    fn axpy(&self, y: &mut Tensor<Self>, a: f32, x: &Tensor<Self>) -> Result<()> {
+        grad::axpy(y, a, x)
+    }
+
+    fn sum_squares(&self, x: &Tensor<Self>) -> Result<f64> {
+        grad::sum_squares(x)
+    }
+
+    fn adamw_step(
+        &self,
+        param: &mut Tensor<Self>,
+        grad: &Tensor<Self>,
+        m: &mut Tensor<Self>,
+        v: &mut Tensor<Self>,
+        hp: AdamWParams,
+    ) -> Result<()> {
+        grad::adamw_step(param, grad, m, v, hp)
     }
 }

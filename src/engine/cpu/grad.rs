@@ -1,0 +1,813 @@
+//! CPU operations of training: transposed matrix products, the backward of every forward layer,
+//! packed causal attention with saved softmax statistics, the chunked token loss, and the
+//! optimizer's element-wise updates. Reductions run over fixed blocks summed in a fixed order, so
+//! results do not depend on rayon's scheduling.
+
+use rayon::prelude::*;
+
+use super::attention::dot;
+use super::matmul::{gemm, MatRef};
+use super::ops::rope_inv_freq;
+use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
+use crate::engine::backend::{AdamWParams, AttentionShape, IGNORE_TARGET};
+use crate::engine::error::{EngineError, Result};
+use crate::engine::Tensor;
+
+/// Rows per block of the deterministic row reductions.
+const ROW_BLOCK: usize = 64;
+/// Elements per block of the deterministic element reductions.
+const ELEM_BLOCK: usize = 16 * 1024;
+
+fn shape_err(op: &'static str, detail: String) -> EngineError {
+    EngineError::Shape { op, detail }
+}
+
+fn same_shape(op: &'static str, a: &Tensor<Cpu>, b: &Tensor<Cpu>) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(shape_err(op, format!("{:?} vs {:?}", a.shape(), b.shape())));
+    }
+    Ok(())
+}
+
+/// `c (+)= op(a) @ op(b)`.
+pub fn matmul(
+    a: &Tensor<Cpu>,
+    trans_a: bool,
+    b: &Tensor<Cpu>,
+    trans_b: bool,
+    c: &mut Tensor<Cpu>,
+    accumulate: bool,
+) -> Result<()> {
+    let (ar, ac) = a.dims2("matmul")?;
+    let (br, bc) = b.dims2("matmul")?;
+    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
+    let (k2, n) = if trans_b { (bc, br) } else { (br, bc) };
+    let (cm, cn) = c.dims2("matmul")?;
+    if k != k2 || cm != m || cn != n {
+        return Err(shape_err(
+            "matmul",
+            format!(
+                "a {:?}{} @ b {:?}{} into c {:?}",
+                a.shape(),
+                if trans_a { "^T" } else { "" },
+                b.shape(),
+                if trans_b { "^T" } else { "" },
+                c.shape()
+            ),
+        ));
+    }
+    let ad = f32s(a, "matmul")?;
+    let bd = f32s(b, "matmul")?;
+    let am = if trans_a {
+        MatRef {
+            data: ad,
+            rs: 1,
+            cs: ac,
+        }
+    } else {
+        MatRef {
+            data: ad,
+            rs: ac,
+            cs: 1,
+        }
+    };
+    let bm = if trans_b {
+        MatRef {
+            data: bd,
+            rs: 1,
+            cs: bc,
+        }
+    } else {
+        MatRef {
+            data: bd,
+            rs: bc,
+            cs: 1,
+        }
+    };
+    let cd = f32s_mut(c, "matmul")?;
+    gemm(m, n, k, am, bm, cd, accumulate);
+    Ok(())
+}
+
+/// Column sums of `x [T, N]` into `out [N]`.
+pub fn sum_rows(x: &Tensor<Cpu>, out: &mut Tensor<Cpu>, accumulate: bool) -> Result<()> {
+    let (_, n) = x.dims2("sum_rows")?;
+    if out.dims1("sum_rows")? != n {
+        return Err(shape_err(
+            "sum_rows",
+            format!("{:?} into {:?}", x.shape(), out.shape()),
+        ));
+    }
+    let xs = f32s(x, "sum_rows")?;
+    let partial: Vec<Vec<f32>> = xs
+        .par_chunks((ROW_BLOCK * n).max(1))
+        .map(|blk| {
+            let mut acc = vec![0.0f32; n];
+            for row in blk.chunks_exact(n.max(1)) {
+                acc.iter_mut().zip(row).for_each(|(a, &r)| *a += r);
+            }
+            acc
+        })
+        .collect();
+    let o = f32s_mut(out, "sum_rows")?;
+    if !accumulate {
+        o.iter_mut().for_each(|v| *v = 0.0);
+    }
+    for p in partial {
+        o.iter_mut().zip(&p).for_each(|(a, &b)| *a += b);
+    }
+    Ok(())
+}
+
+/// Backward of RMSNorm: `dx`, and `dweight += sum_t dy * x * rstd`.
+pub fn rms_norm_backward(
+    x: &Tensor<Cpu>,
+    weight: &Tensor<Cpu>,
+    dy: &Tensor<Cpu>,
+    eps: f32,
+    dweight: Option<&mut Tensor<Cpu>>,
+) -> Result<Tensor<Cpu>> {
+    let (t, d) = x.dims2("rms_norm_backward")?;
+    same_shape("rms_norm_backward", x, dy)?;
+    let dw_ok = dweight.as_ref().is_none_or(|w| w.shape() == weight.shape());
+    if weight.dims1("rms_norm_backward")? != d || !dw_ok {
+        return Err(shape_err(
+            "rms_norm_backward",
+            format!("weight {:?} for rows of {d}", weight.shape()),
+        ));
+    }
+    let xs = f32s(x, "rms_norm_backward")?;
+    let w = f32s(weight, "rms_norm_backward")?;
+    let dys = f32s(dy, "rms_norm_backward")?;
+    let mut dx = vec![0.0f32; t * d];
+    let blk = (ROW_BLOCK * d).max(1);
+    let partial: Vec<Vec<f32>> = dx
+        .par_chunks_mut(blk)
+        .zip(xs.par_chunks(blk).zip(dys.par_chunks(blk)))
+        .map(|(dxb, (xb, dyb))| {
+            let mut dw = vec![0.0f32; d];
+            for ((dxr, xr), dyr) in dxb
+                .chunks_exact_mut(d)
+                .zip(xb.chunks_exact(d))
+                .zip(dyb.chunks_exact(d))
+            {
+                let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                let r = 1.0 / (ss + eps).sqrt();
+                let mut c = 0.0f32;
+                for i in 0..d {
+                    c += dyr[i] * w[i] * xr[i];
+                    dw[i] += dyr[i] * xr[i] * r;
+                }
+                let k = c * r * r * r / d as f32;
+                for i in 0..d {
+                    dxr[i] = dyr[i] * w[i] * r - xr[i] * k;
+                }
+            }
+            dw
+        })
+        .collect();
+    if let Some(dweight) = dweight {
+        let dws = f32s_mut(dweight, "rms_norm_backward")?;
+        for p in partial {
+            dws.iter_mut().zip(&p).for_each(|(a, &b)| *a += b);
+        }
+    }
+    Ok(tensor_f32(dx, &[t, d]))
+}
+
+/// Inverse rotary rotation in place.
+pub fn rope_backward(
+    dx: &mut Tensor<Cpu>,
+    positions: &Tensor<Cpu>,
+    head_dim: usize,
+    theta: f32,
+) -> Result<()> {
+    let (t, f) = dx.dims2("rope_backward")?;
+    if head_dim == 0 || head_dim % 2 != 0 || f % head_dim != 0 || positions.numel() != t {
+        return Err(shape_err(
+            "rope_backward",
+            format!(
+                "rows {:?}, head_dim {head_dim}, {} positions",
+                dx.shape(),
+                positions.numel()
+            ),
+        ));
+    }
+    let pos = u32s(positions, "rope_backward")?.to_vec();
+    let inv = rope_inv_freq(head_dim, theta);
+    let half = head_dim / 2;
+    let xs = f32s_mut(dx, "rope_backward")?;
+    xs.par_chunks_mut(f)
+        .zip(pos.par_iter())
+        .for_each(|(row, &p)| {
+            let (sin, cos): (Vec<f32>, Vec<f32>) = inv
+                .iter()
+                .map(|&w| {
+                    let a = p as f32 * w;
+                    (a.sin(), a.cos())
+                })
+                .unzip();
+            for head in row.chunks_exact_mut(head_dim) {
+                let (a, b) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (g1, g2) = (a[i], b[i]);
+                    a[i] = g1 * cos[i] + g2 * sin[i];
+                    b[i] = g2 * cos[i] - g1 * sin[i];
+                }
+            }
+        });
+    Ok(())
+}
+
+/// Validated `cu_seqlens`: increasing, from 0 to `t`.
+fn seq_bounds(cu: &Tensor<Cpu>, t: usize, op: &'static str) -> Result<Vec<(usize, usize)>> {
+    let c = u32s(cu, op)?;
+    if c.len() < 2 || c[0] != 0 || c[c.len() - 1] as usize != t || c.windows(2).any(|w| w[1] < w[0])
+    {
+        return Err(shape_err(
+            op,
+            format!("cu_seqlens {c:?} do not partition {t} rows"),
+        ));
+    }
+    Ok(c.windows(2)
+        .filter(|w| w[1] > w[0])
+        .map(|w| (w[0] as usize, w[1] as usize))
+        .collect())
+}
+
+fn check_attn(
+    op: &'static str,
+    q: &Tensor<Cpu>,
+    k: &Tensor<Cpu>,
+    v: &Tensor<Cpu>,
+    sh: AttentionShape,
+) -> Result<(usize, usize, usize)> {
+    let (t, qf) = q.dims2(op)?;
+    let (tk, kf) = k.dims2(op)?;
+    let ok = sh.n_kv_heads > 0
+        && sh.n_heads % sh.n_kv_heads == 0
+        && qf == sh.n_heads * sh.head_dim
+        && kf == sh.n_kv_heads * sh.head_dim
+        && tk == t
+        && v.shape() == k.shape();
+    if !ok {
+        return Err(shape_err(
+            op,
+            format!(
+                "q {:?}, k {:?}, v {:?}, {sh:?}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    Ok((t, qf, kf))
+}
+
+/// Packed causal attention with the log-sum-exp of each softmax.
+pub fn attention_train(
+    q: &Tensor<Cpu>,
+    k: &Tensor<Cpu>,
+    v: &Tensor<Cpu>,
+    cu_seqlens: &Tensor<Cpu>,
+    sh: AttentionShape,
+) -> Result<(Tensor<Cpu>, Tensor<Cpu>)> {
+    let (t, qf, kf) = check_attn("attention_train", q, k, v, sh)?;
+    let seqs = seq_bounds(cu_seqlens, t, "attention_train")?;
+    let mut start = vec![0usize; t];
+    for &(s, e) in &seqs {
+        start[s..e].iter_mut().for_each(|x| *x = s);
+    }
+    let (qs, ks, vs) = (
+        f32s(q, "attention_train")?,
+        f32s(k, "attention_train")?,
+        f32s(v, "attention_train")?,
+    );
+    let d = sh.head_dim;
+    let nh = sh.n_heads;
+    let group = nh / sh.n_kv_heads;
+    let mut out = vec![0.0f32; t * qf];
+    let mut lse = vec![0.0f32; t * nh];
+    out.par_chunks_mut(d)
+        .zip(lse.par_iter_mut())
+        .enumerate()
+        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, (o, l))| {
+            let (row, h) = (i / nh, i % nh);
+            let off = (h / group) * d;
+            let qv = &qs[row * qf + h * d..row * qf + (h + 1) * d];
+            scores.clear();
+            let mut mx = f32::NEG_INFINITY;
+            for j in start[row]..=row {
+                let sc = dot(qv, &ks[j * kf + off..j * kf + off + d]) * sh.scale;
+                mx = mx.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0.0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - mx).exp();
+                sum += *sc;
+            }
+            let inv = 1.0 / sum;
+            for (jj, &p) in scores.iter().enumerate() {
+                let j = start[row] + jj;
+                let w = p * inv;
+                for (a, &b) in o.iter_mut().zip(&vs[j * kf + off..j * kf + off + d]) {
+                    *a += w * b;
+                }
+            }
+            *l = mx + sum.ln();
+        });
+    Ok((tensor_f32(out, &[t, qf]), tensor_f32(lse, &[t, nh])))
+}
+
+/// Gradients of one (sequence, kv head) task: `dq` rows for the group's query heads, `dk`, `dv`.
+struct AttnGrad {
+    s: usize,
+    e: usize,
+    g: usize,
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+}
+
+/// Backward of packed causal attention; parallel over (sequence, kv head).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &Tensor<Cpu>,
+    k: &Tensor<Cpu>,
+    v: &Tensor<Cpu>,
+    out: &Tensor<Cpu>,
+    lse: &Tensor<Cpu>,
+    dout: &Tensor<Cpu>,
+    cu_seqlens: &Tensor<Cpu>,
+    sh: AttentionShape,
+) -> Result<(Tensor<Cpu>, Tensor<Cpu>, Tensor<Cpu>)> {
+    let op = "attention_backward";
+    let (t, qf, kf) = check_attn(op, q, k, v, sh)?;
+    same_shape(op, q, out)?;
+    same_shape(op, q, dout)?;
+    let nh = sh.n_heads;
+    if lse.shape() != [t, nh] {
+        return Err(shape_err(
+            op,
+            format!("lse {:?} for [{t}, {nh}]", lse.shape()),
+        ));
+    }
+    let seqs = seq_bounds(cu_seqlens, t, op)?;
+    let (qs, ks, vs) = (f32s(q, op)?, f32s(k, op)?, f32s(v, op)?);
+    let (os, ls, dos) = (f32s(out, op)?, f32s(lse, op)?, f32s(dout, op)?);
+    let d = sh.head_dim;
+    let nkv = sh.n_kv_heads;
+    let group = nh / nkv;
+    let tasks: Vec<(usize, usize, usize)> = seqs
+        .iter()
+        .flat_map(|&(s, e)| (0..nkv).map(move |g| (s, e, g)))
+        .collect();
+    let grads: Vec<AttnGrad> = tasks
+        .par_iter()
+        .map(|&(s, e, g)| {
+            let l = e - s;
+            let mut dq = vec![0.0f32; l * group * d];
+            let mut dk = vec![0.0f32; l * d];
+            let mut dv = vec![0.0f32; l * d];
+            let koff = g * d;
+            for hh in 0..group {
+                let h = g * group + hh;
+                for i in 0..l {
+                    let row = s + i;
+                    let qv = &qs[row * qf + h * d..row * qf + (h + 1) * d];
+                    let dov = &dos[row * qf + h * d..row * qf + (h + 1) * d];
+                    let ov = &os[row * qf + h * d..row * qf + (h + 1) * d];
+                    let di = dot(dov, ov);
+                    let li = ls[row * nh + h];
+                    let dqi = &mut dq[(i * group + hh) * d..(i * group + hh + 1) * d];
+                    for j in 0..=i {
+                        let col = s + j;
+                        let kv = &ks[col * kf + koff..col * kf + koff + d];
+                        let vv = &vs[col * kf + koff..col * kf + koff + d];
+                        let p = (dot(qv, kv) * sh.scale - li).exp();
+                        let dp = dot(dov, vv);
+                        let ds = p * (dp - di) * sh.scale;
+                        for x in 0..d {
+                            dqi[x] += ds * kv[x];
+                        }
+                        let dkj = &mut dk[j * d..(j + 1) * d];
+                        for x in 0..d {
+                            dkj[x] += ds * qv[x];
+                        }
+                        let dvj = &mut dv[j * d..(j + 1) * d];
+                        for x in 0..d {
+                            dvj[x] += p * dov[x];
+                        }
+                    }
+                }
+            }
+            AttnGrad {
+                s,
+                e,
+                g,
+                dq,
+                dk,
+                dv,
+            }
+        })
+        .collect();
+    let mut dq = vec![0.0f32; t * qf];
+    let mut dk = vec![0.0f32; t * kf];
+    let mut dv = vec![0.0f32; t * kf];
+    for ag in grads {
+        for i in 0..ag.e - ag.s {
+            let row = ag.s + i;
+            let qdst = row * qf + ag.g * group * d;
+            dq[qdst..qdst + group * d].copy_from_slice(&ag.dq[i * group * d..(i + 1) * group * d]);
+            let kdst = row * kf + ag.g * d;
+            dk[kdst..kdst + d].copy_from_slice(&ag.dk[i * d..(i + 1) * d]);
+            dv[kdst..kdst + d].copy_from_slice(&ag.dv[i * d..(i + 1) * d]);
+        }
+    }
+    Ok((
+        tensor_f32(dq, &[t, qf]),
+        tensor_f32(dk, &[t, kf]),
+        tensor_f32(dv, &[t, kf]),
+    ))
+}
+
+/// Backward of `silu(gate) * up`.
+pub fn swiglu_backward(
+    gate: &Tensor<Cpu>,
+    up: &Tensor<Cpu>,
+    dout: &Tensor<Cpu>,
+) -> Result<(Tensor<Cpu>, Tensor<Cpu>)> {
+    same_shape("swiglu_backward", gate, up)?;
+    same_shape("swiglu_backward", gate, dout)?;
+    let g = f32s(gate, "swiglu_backward")?;
+    let u = f32s(up, "swiglu_backward")?;
+    let dm = f32s(dout, "swiglu_backward")?;
+    let mut dg = vec![0.0f32; g.len()];
+    let mut du = vec![0.0f32; g.len()];
+    dg.par_chunks_mut(4096)
+        .zip(du.par_chunks_mut(4096))
+        .zip(
+            g.par_chunks(4096)
+                .zip(u.par_chunks(4096))
+                .zip(dm.par_chunks(4096)),
+        )
+        .for_each(|((dg, du), ((g, u), dm))| {
+            for i in 0..g.len() {
+                let sig = 1.0 / (1.0 + (-g[i]).exp());
+                let silu = g[i] * sig;
+                du[i] = dm[i] * silu;
+                dg[i] = dm[i] * u[i] * sig * (1.0 + g[i] * (1.0 - sig));
+            }
+        });
+    Ok((tensor_f32(dg, gate.shape()), tensor_f32(du, gate.shape())))
+}
+
+/// Scatter-add of rows of `dx` into `dtable` at `ids`.
+pub fn embedding_backward(
+    dtable: &mut Tensor<Cpu>,
+    ids: &Tensor<Cpu>,
+    dx: &Tensor<Cpu>,
+) -> Result<()> {
+    let (v, d) = dtable.dims2("embedding_backward")?;
+    let (t, d2) = dx.dims2("embedding_backward")?;
+    if d != d2 || ids.numel() != t {
+        return Err(shape_err(
+            "embedding_backward",
+            format!(
+                "table {:?}, rows {:?}, {} ids",
+                dtable.shape(),
+                dx.shape(),
+                ids.numel()
+            ),
+        ));
+    }
+    let idv = u32s(ids, "embedding_backward")?;
+    if let Some(&bad) = idv.iter().find(|&&i| i as usize >= v) {
+        return Err(EngineError::Index {
+            op: "embedding_backward",
+            index: bad as usize,
+            limit: v,
+        });
+    }
+    let idv = idv.to_vec();
+    let xs = f32s(dx, "embedding_backward")?.to_vec();
+    let tab = f32s_mut(dtable, "embedding_backward")?;
+    // Tokens in order: the same sums whatever the thread count (T * D adds, cheap).
+    for (r, &id) in idv.iter().enumerate() {
+        let id = id as usize;
+        tab[id * d..(id + 1) * d]
+            .iter_mut()
+            .zip(&xs[r * d..(r + 1) * d])
+            .for_each(|(a, &b)| *a += b);
+    }
+    Ok(())
+}
+
+fn check_loss(
+    op: &'static str,
+    h: &Tensor<Cpu>,
+    head: &Tensor<Cpu>,
+    targets: &Tensor<Cpu>,
+) -> Result<(usize, usize, usize)> {
+    let (t, d) = h.dims2(op)?;
+    let (v, d2) = head.dims2(op)?;
+    if d != d2 || targets.numel() != t {
+        return Err(shape_err(
+            op,
+            format!(
+                "hidden {:?}, head {:?}, {} targets",
+                h.shape(),
+                head.shape(),
+                targets.numel()
+            ),
+        ));
+    }
+    if let Some(&bad) = u32s(targets, op)?
+        .iter()
+        .find(|&&x| x != IGNORE_TARGET && x as usize >= v)
+    {
+        return Err(EngineError::Index {
+            op,
+            index: bad as usize,
+            limit: v,
+        });
+    }
+    Ok((t, d, v))
+}
+
+/// Rows of `h` whose target is not ignored, grouped in chunks of at most `chunk_rows`.
+fn active_chunks(targets: &[u32], chunk_rows: usize) -> Vec<Vec<usize>> {
+    let rows: Vec<usize> = (0..targets.len())
+        .filter(|&i| targets[i] != IGNORE_TARGET)
+        .collect();
+    rows.chunks(chunk_rows.max(1)).map(|c| c.to_vec()).collect()
+}
+
+/// Logits `[rows.len(), v]` of the chosen rows of `hs` and the gathered rows `[rows.len(), d]`.
+fn chunk_logits(
+    hs: &[f32],
+    head: &[f32],
+    rows: &[usize],
+    d: usize,
+    v: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut hb = Vec::with_capacity(rows.len() * d);
+    for &r in rows {
+        hb.extend_from_slice(&hs[r * d..(r + 1) * d]);
+    }
+    let mut logits = vec![0.0f32; rows.len() * v];
+    gemm(
+        rows.len(),
+        v,
+        d,
+        MatRef {
+            data: &hb,
+            rs: d,
+            cs: 1,
+        },
+        MatRef {
+            data: head,
+            rs: 1,
+            cs: d,
+        },
+        &mut logits,
+        false,
+    );
+    (logits, hb)
+}
+
+/// Turns a logits row into probabilities in place; returns `(logsumexp, entropy)`.
+fn softmax_row(row: &mut [f32]) -> (f32, f32) {
+    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut s = 0.0f64;
+    let mut sz = 0.0f64;
+    for z in row.iter_mut() {
+        let e = ((*z - m) as f64).exp();
+        sz += e * (*z - m) as f64;
+        s += e;
+        *z = e as f32;
+    }
+    let inv = 1.0 / s;
+    row.iter_mut().for_each(|p| *p = (*p as f64 * inv) as f32);
+    let lse = m as f64 + s.ln();
+    // H = log s - E[z - m].
+    let ent = s.ln() - sz * inv;
+    (lse as f32, ent as f32)
+}
+
+/// Per-token log-probabilities and entropies, chunk by chunk.
+pub fn token_logprobs(
+    h: &Tensor<Cpu>,
+    head: &Tensor<Cpu>,
+    targets: &Tensor<Cpu>,
+    chunk_rows: usize,
+) -> Result<(Tensor<Cpu>, Tensor<Cpu>)> {
+    let op = "token_logprobs";
+    let (t, d, v) = check_loss(op, h, head, targets)?;
+    let hs = f32s(h, op)?;
+    let ws = f32s(head, op)?;
+    let tg = u32s(targets, op)?;
+    let mut logp = vec![0.0f32; t];
+    let mut ent = vec![0.0f32; t];
+    for rows in active_chunks(tg, chunk_rows) {
+        let (mut logits, _) = chunk_logits(hs, ws, &rows, d, v);
+        let res: Vec<(f32, f32)> = logits
+            .par_chunks_mut(v)
+            .zip(rows.par_iter())
+            .map(|(row, &r)| {
+                let zt = row[tg[r] as usize];
+                let (lse, e) = softmax_row(row);
+                (zt - lse, e)
+            })
+            .collect();
+        for (&r, (lp, e)) in rows.iter().zip(res) {
+            logp[r] = lp;
+            ent[r] = e;
+        }
+    }
+    Ok((tensor_f32(logp, &[t]), tensor_f32(ent, &[t])))
+}
+
+/// Backward of the chunked token log-probabilities and entropies.
+#[allow(clippy::too_many_arguments)]
+pub fn token_logprobs_backward(
+    h: &Tensor<Cpu>,
+    head: &Tensor<Cpu>,
+    targets: &Tensor<Cpu>,
+    g_logp: &Tensor<Cpu>,
+    g_entropy: &Tensor<Cpu>,
+    chunk_rows: usize,
+    dhead: Option<&mut Tensor<Cpu>>,
+) -> Result<Tensor<Cpu>> {
+    let op = "token_logprobs_backward";
+    let (t, d, v) = check_loss(op, h, head, targets)?;
+    let dh_ok = dhead.as_ref().is_none_or(|w| w.shape() == head.shape());
+    if g_logp.numel() != t || g_entropy.numel() != t || !dh_ok {
+        return Err(shape_err(
+            op,
+            format!(
+                "{} and {} coefficients for {t} rows, head {:?}",
+                g_logp.numel(),
+                g_entropy.numel(),
+                head.shape()
+            ),
+        ));
+    }
+    let hs = f32s(h, op)?;
+    let ws = f32s(head, op)?;
+    let tg = u32s(targets, op)?;
+    let gl = f32s(g_logp, op)?;
+    let ge = f32s(g_entropy, op)?;
+    let mut dh = vec![0.0f32; t * d];
+    let mut dw_acc: Vec<f32> = Vec::new();
+    for rows in active_chunks(tg, chunk_rows) {
+        let (mut logits, hb) = chunk_logits(hs, ws, &rows, d, v);
+        // dlogits in place: g_logp (onehot - p) - g_ent p (log p + H).
+        logits
+            .par_chunks_mut(v)
+            .zip(rows.par_iter())
+            .for_each(|(row, &r)| {
+                let zt = tg[r] as usize;
+                let (_, ent) = softmax_row(row);
+                let (a, b) = (gl[r], ge[r]);
+                for p in row.iter_mut() {
+                    let pj = *p;
+                    let ent_term = if b != 0.0 && pj > 0.0 {
+                        -b * pj * (pj.ln() + ent)
+                    } else {
+                        0.0
+                    };
+                    *p = -a * pj + ent_term;
+                }
+                row[zt] += a;
+            });
+        let n = rows.len();
+        let mut dhb = vec![0.0f32; n * d];
+        gemm(
+            n,
+            d,
+            v,
+            MatRef {
+                data: &logits,
+                rs: v,
+                cs: 1,
+            },
+            MatRef {
+                data: ws,
+                rs: d,
+                cs: 1,
+            },
+            &mut dhb,
+            false,
+        );
+        for (i, &r) in rows.iter().enumerate() {
+            dh[r * d..(r + 1) * d].copy_from_slice(&dhb[i * d..(i + 1) * d]);
+        }
+        if dhead.is_none() {
+            continue;
+        }
+        if dw_acc.is_empty() {
+            dw_acc = vec![0.0f32; v * d];
+        }
+        gemm(
+            v,
+            d,
+            n,
+            MatRef {
+                data: &logits,
+                rs: 1,
+                cs: v,
+            },
+            MatRef {
+                data: &hb,
+                rs: d,
+                cs: 1,
+            },
+            &mut dw_acc,
+            true,
+        );
+    }
+    if let (false, Some(dhead)) = (dw_acc.is_empty(), dhead) {
+        let dw = f32s_mut(dhead, op)?;
+        dw.par_chunks_mut(4096)
+            .zip(dw_acc.par_chunks(4096))
+            .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, &b)| *a += b));
+    }
+    Ok(tensor_f32(dh, &[t, d]))
+}
+
+/// Sets every element.
+pub fn fill(x: &mut Tensor<Cpu>, value: f32) -> Result<()> {
+    f32s_mut(x, "fill")?
+        .par_chunks_mut(ELEM_BLOCK)
+        .for_each(|c| c.iter_mut().for_each(|v| *v = value));
+    Ok(())
+}
+
+/// `x *= s`.
+pub fn scale(x: &mut Tensor<Cpu>, s: f32) -> Result<()> {
+    f32s_mut(x, "scale")?
+        .par_chunks_mut(ELEM_BLOCK)
+        .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
+    Ok(())
+}
+
+/// `y += a * x`.
+pub fn axpy(y: &mut Tensor<Cpu>, a: f32, x: &Tensor<Cpu>) -> Result<()> {
+    same_shape("axpy", y, x)?;
+    let xs = f32s(x, "axpy")?;
+    let ys = f32s_mut(y, "axpy")?;
+    ys.par_chunks_mut(ELEM_BLOCK)
+        .zip(xs.par_chunks(ELEM_BLOCK))
+        .for_each(|(y, x)| y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x));
+    Ok(())
+}
+
+/// Sum of squares in f64 over fixed blocks.
+pub fn sum_squares(x: &Tensor<Cpu>) -> Result<f64> {
+    let xs = f32s(x, "sum_squares")?;
+    let parts: Vec<f64> = xs
+        .par_chunks(ELEM_BLOCK)
+        .map(|c| c.iter().map(|&v| v as f64 * v as f64).sum::<f64>())
+        .collect();
+    Ok(parts.iter().sum())
+}
+
+/// One AdamW update, PyTorch's formulation.
+pub fn adamw_step(
+    param: &mut Tensor<Cpu>,
+    grad: &Tensor<Cpu>,
+    m: &mut Tensor<Cpu>,
+    v: &mut Tensor<Cpu>,
+    hp: AdamWParams,
+) -> Result<()> {
+    same_shape("adamw_step", param, grad)?;
+    same_shape("adamw_step", param, m)?;
+    same_shape("adamw_step", param, v)?;
+    let step = hp.step.max(1) as i32;
+    let bc1 = 1.0 - (hp.beta1 as f64).powi(step);
+    let bc2 = 1.0 - (hp.beta2 as f64).powi(step);
+    let step_size = (hp.lr as f64 / bc1) as f32;
+    let bc2_sqrt = bc2.sqrt() as f32;
+    let decay = 1.0 - hp.lr * hp.weight_decay;
+    let g = f32s(grad, "adamw_step")?;
+    let ms = f32s_mut(m, "adamw_step")?;
+    let vs = f32s_mut(v, "adamw_step")?;
+    let ps = f32s_mut(param, "adamw_step")?;
+    ps.par_chunks_mut(ELEM_BLOCK)
+        .zip(g.par_chunks(ELEM_BLOCK))
+        .zip(
+            ms.par_chunks_mut(ELEM_BLOCK)
+                .zip(vs.par_chunks_mut(ELEM_BLOCK)),
+        )
+        .for_each(|((p, g), (m, v))| {
+            for i in 0..p.len() {
+                m[i] = hp.beta1 * m[i] + (1.0 - hp.beta1) * g[i];
+                v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g[i] * g[i];
+                let denom = v[i].sqrt() / bc2_sqrt + hp.eps;
+                p[i] = p[i] * decay - step_size * m[i] / denom;
+            }
+        });
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! The training forward: the same transformer as `model::transformer`, run over packed
+//! sequences with causal attention inside each sequence, keeping what backward needs in named
+//! structs (or only each block's input, when blocks are recomputed).
+
+use crate::engine::backend::IGNORE_TARGET;
+use crate::engine::{Backend, HostData, Tensor};
+use crate::model::transformer::{Block, Model};
+use crate::train::error::{Result, TrainError};
+use crate::train::lora::{Adapter, Lora, LoraTarget};
+
+/// One training sequence: token ids, a mask of the tokens to predict, and a loss weight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sequence {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// 1 where the token is predicted (trained on), 0 elsewhere.
+    pub mask: Vec<u8>,
+    /// Weight of this sequence's tokens in the loss.
+    pub weight: f32,
+}
+
+/// Packed sequences on the host: rows `cu_seqlens[s]..cu_seqlens[s+1]` are sequence `s`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// Token ids `[T]`.
+    pub ids: Vec<u32>,
+    /// Position of each row in its sequence.
+    pub positions: Vec<u32>,
+    /// Sequence boundaries `[S+1]`.
+    pub cu_seqlens: Vec<u32>,
+    /// The token row `t` predicts, or [`IGNORE_TARGET`].
+    pub targets: Vec<u32>,
+    /// Loss weight of row `t` (0 where ignored).
+    pub weights: Vec<f32>,
+}
+
+impl Batch {
+    /// Packs sequences: row `i` of a sequence predicts token `i+1` when `mask[i+1]` is set.
+    pub fn pack(seqs: &[Sequence]) -> Result<Self> {
+        let mut b = Batch {
+            ids: Vec::new(),
+            positions: Vec::new(),
+            cu_seqlens: vec![0],
+            targets: Vec::new(),
+            weights: Vec::new(),
+        };
+        for (n, s) in seqs.iter().enumerate() {
+            if s.mask.len() != s.ids.len() {
+                return Err(TrainError::Input(format!(
+                    "sequence {n}: {} ids but {} mask entries",
+                    s.ids.len(),
+                    s.mask.len()
+                )));
+            }
+            let len = s.ids.len();
+            for i in 0..len {
+                b.ids.push(s.ids[i]);
+                b.positions.push(i as u32);
+                let trained = i + 1 < len && s.mask[i + 1] != 0;
+                b.targets
+                    .push(if trained { s.ids[i + 1] } else { IGNORE_TARGET });
+                b.weights.push(if trained { s.weight } else { 0.0 });
+            }
+            b.cu_seqlens.push(b.ids.len() as u32);
+        }
+        Ok(b)
+    }
+
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Rows with a target.
+    pub fn trained_tokens(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != IGNORE_TARGET).count()
+    }
+}
+
+/// Options of the training forward.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardOptions {
+    /// Keep only each block's input and recompute the block in backward (bounds memory).
+    pub recompute: bool,
+    /// Rows of logits computed at once by the token loss.
+    pub chunk_rows: usize,
+}
+
+impl Default for ForwardOptions {
+    fn default() -> Self {
+        Self {
+            recompute: false,
+            chunk_rows: 256,
+        }
+    }
+}
+
+/// The batch on the backend.
+pub struct DeviceBatch<B: Backend> {
+    /// Token ids `[T]`.
+    pub ids: Tensor<B>,
+    /// Positions `[T]`.
+    pub positions: Tensor<B>,
+    /// Sequence boundaries `[S+1]`.
+    pub cu_seqlens: Tensor<B>,
+    /// Targets `[T]`.
+    pub targets: Tensor<B>,
+}
+
+impl<B: Backend> DeviceBatch<B> {
+    /// Uploads a host batch.
+    pub fn upload(backend: &B, b: &Batch) -> Result<Self> {
+        let t = b.len();
+        Ok(Self {
+            ids: backend.upload(HostData::U32(&b.ids), &[t])?,
+            positions: backend.upload(HostData::U32(&b.positions), &[t])?,
+            cu_seqlens: backend.upload(HostData::U32(&b.cu_seqlens), &[b.cu_seqlens.len()])?,
+            targets: backend.upload(HostData::U32(&b.targets), &[t])?,
+        })
+    }
+}
+
+/// Activations of one block that backward needs.
+pub struct BlockActs<B: Backend> {
+    /// Block input (residual stream) `[T, D]`.
+    pub x_in: Tensor<B>,
+    /// After the attention residual `[T, D]`.
+    pub x_mid: Tensor<B>,
+    /// Normed input of attention `[T, D]`.
+    pub h1: Tensor<B>,
+    /// Queries after RoPE.
+    pub q: Tensor<B>,
+    /// Keys after RoPE.
+    pub k: Tensor<B>,
+    /// Values.
+    pub v: Tensor<B>,
+    /// Attention output (before o_proj).
+    pub att: Tensor<B>,
+    /// Softmax log-sum-exp `[T, H]`.
+    pub lse: Tensor<B>,
+    /// Normed input of the MLP.
+    pub h2: Tensor<B>,
+    /// Gate projection.
+    pub g: Tensor<B>,
+    /// Up projection.
+    pub u: Tensor<B>,
+    /// `silu(g) * u`.
+    pub m: Tensor<B>,
+}
+
+/// What a block keeps: everything, or only its input (recomputed in backward).
+pub enum Saved<B: Backend> {
+    /// All activations.
+    Full(Box<BlockActs<B>>),
+    /// The block input only.
+    Input(Tensor<B>),
+}
+
+/// The result of a training forward.
+pub struct Forward<B: Backend> {
+    /// The batch on the backend.
+    pub batch: DeviceBatch<B>,
+    /// Per-block saved activations.
+    pub blocks: Vec<Saved<B>>,
+    /// Residual stream after the last block `[T, D]`.
+    pub x_final: Tensor<B>,
+    /// After the final norm `[T, D]`.
+    pub h_final: Tensor<B>,
+    /// Per-row log-probability of the target (0 where ignored) `[T]`.
+    pub logp: Tensor<B>,
+    /// Per-row entropy of the next-token distribution (0 where ignored) `[T]`.
+    pub entropy: Tensor<B>,
+    /// The options used.
+    pub opts: ForwardOptions,
+}
+
+/// `x W^T (+ b) + s (x A^T) B^T`.
+pub(crate) fn project<B: Backend>(
+    be: &B,
+    x: &Tensor<B>,
+    w: &Tensor<B>,
+    bias: Option<&Tensor<B>>,
+    ad: Option<&Adapter<B>>,
+    s: f32,
+) -> Result<Tensor<B>> {
+    let mut y = be.linear(x, w, bias)?;
+    if let Some(ad) = ad {
+        let u = be.linear(x, &ad.a, None)?;
+        let z = be.linear(&u, &ad.b, None)?;
+        be.axpy(&mut y, s, &z)?;
+    }
+    Ok(y)
+}
+
+/// Runs one block; returns its output and activations.
+pub(crate) fn block_forward<B: Backend>(
+    model: &Model<B>,
+    lora: Option<&Lora<B>>,
+    l: usize,
+    x_in: Tensor<B>,
+    batch: &DeviceBatch<B>,
+) -> Result<(Tensor<B>, BlockActs<B>)> {
+    let be = &model.backend;
+    let c = &model.config;
+    let blk: &Block<B> = &model.blocks[l];
+    let ad = |t: LoraTarget| lora.and_then(|lo| lo.adapter(l, t));
+    let s = lora.map(|lo| lo.scale()).unwrap_or(0.0);
+    let h1 = be.rms_norm(&x_in, &blk.input_norm, c.rms_norm_eps)?;
+    let mut q = project(be, &h1, &blk.q, blk.q_bias.as_ref(), ad(LoraTarget::Q), s)?;
+    let mut k = project(be, &h1, &blk.k, blk.k_bias.as_ref(), ad(LoraTarget::K), s)?;
+    let v = project(be, &h1, &blk.v, blk.v_bias.as_ref(), ad(LoraTarget::V), s)?;
+    be.rope(&mut q, &batch.positions, c.head_dim, c.rope_theta)?;
+    be.rope(&mut k, &batch.positions, c.head_dim, c.rope_theta)?;
+    let (att, lse) = be.attention_train(&q, &k, &v, &batch.cu_seqlens, model.attention_shape())?;
+    let o = project(be, &att, &blk.o, blk.o_bias.as_ref(), ad(LoraTarget::O), s)?;
+    let mut x = be.copy(&x_in)?;
+    be.add_assign(&mut x, &o)?;
+    let x_mid = be.copy(&x)?;
+    let h2 = be.rms_norm(&x_mid, &blk.post_norm, c.rms_norm_eps)?;
+    let g = project(be, &h2, &blk.gate, None, ad(LoraTarget::Gate), s)?;
+    let u = project(be, &h2, &blk.up, None, ad(LoraTarget::Up), s)?;
+    let m = be.swiglu(&g, &u)?;
+    let dn = project(be, &m, &blk.down, None, ad(LoraTarget::Down), s)?;
+    be.add_assign(&mut x, &dn)?;
+    Ok((
+        x,
+        BlockActs {
+            x_in,
+            x_mid,
+            h1,
+            q,
+            k,
+            v,
+            att,
+            lse,
+            h2,
+            g,
+            u,
+            m,
+        },
+    ))
+}
+
+fn check_batch<B: Backend>(model: &Model<B>, b: &Batch) -> Result<()> {
+    let c = &model.config;
+    if b.is_empty() {
+        return Err(TrainError::Input("empty batch".into()));
+    }
+    if let Some(&bad) = b.ids.iter().find(|&&t| t as usize >= c.vocab_size) {
+        return Err(TrainError::Input(format!(
+            "token id {bad} is out of range for a vocabulary of {}",
+            c.vocab_size
+        )));
+    }
+    if let Some(&bad) = b
+        .positions
+        .iter()
+        .find(|&&p| p as usize >= c.max_position_embeddings)
+    {
+        return Err(TrainError::Input(format!(
+            "position {bad} exceeds max_position_embeddings {}",
+            c.max_position_embeddings
+        )));
+    }
+    if b.targets.len() != b.len() || b.positions.len() != b.len() || b.weights.len() != b.len() {
+        return Err(TrainError::Input("batch fields differ in length".into()));
+    }
+    Ok(())
+}
+
+/// The training forward over a packed batch, with optional LoRA adapters.
+pub fn forward<B: Backend>(
+    model: &Model<B>,
+    lora: Option<&Lora<B>>,
+    batch: &Batch,
+    opts: ForwardOptions,
+) -> Result<Forward<B>> {
+    check_batch(model, batch)?;
+    let be = &model.backend;
+    let c = &model.config;
+    let db = DeviceBatch::upload(be, batch)?;
+    let mut x = be.embedding(&model.embed, &db.ids)?;
+    let mut blocks = Vec::with_capacity(model.blocks.len());
+    for l in 0..model.blocks.len() {
+        let (y, acts) = block_forward(model, lora, l, x, &db)?;
+        blocks.push(if opts.recompute {
+            Saved::Input(acts.x_in)
+        } else {
+            Saved::Full(Box::new(acts))
+        });
+        x = y;
+    }
+    let h_final = be.rms_norm(&x, &model.norm, c.rms_norm_eps)?;
+    let (logp, entropy) =
+        be.token_logprobs(&h_final, model.head(), &db.targets, opts.chunk_rows)?;
+    Ok(Forward {
+        batch: db,
+        blocks,
+        x_final: x,
+        h_final,
+        logp,
+        entropy,
+        opts,
+    })
+}

@@ -1,0 +1,201 @@
+//! AdamW with fp32 moments, global-norm gradient clipping, and a cosine learning-rate schedule
+//! with linear warmup.
+
+use crate::engine::backend::AdamWParams;
+use crate::engine::{Backend, DType, Tensor};
+use crate::train::error::{Result, TrainError};
+use crate::train::params::Grads;
+
+/// Optimizer and schedule settings.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OptimConfig {
+    /// Peak learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Adam epsilon.
+    pub eps: f32,
+    /// Decoupled weight decay (not applied to 1-D parameters: norms and biases).
+    pub weight_decay: f32,
+    /// Clip the global gradient norm to this value (0 disables clipping).
+    pub max_grad_norm: f32,
+    /// Linear warmup steps.
+    pub warmup_steps: u64,
+    /// Total optimizer steps (the cosine reaches `min_lr_ratio * lr` there).
+    pub total_steps: u64,
+    /// Final learning rate as a fraction of the peak.
+    pub min_lr_ratio: f32,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-4,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            warmup_steps: 0,
+            total_steps: 1,
+            min_lr_ratio: 0.1,
+        }
+    }
+}
+
+/// The learning rate of 0-based optimizer step `step`: linear warmup to the peak over
+/// `warmup_steps`, then a cosine decay to `min_lr_ratio * lr` at `total_steps`.
+pub fn lr_at(c: &OptimConfig, step: u64) -> f32 {
+    if step < c.warmup_steps {
+        return c.lr * (step + 1) as f32 / c.warmup_steps as f32;
+    }
+    let decay = c.total_steps.saturating_sub(c.warmup_steps).max(1);
+    let p = ((step - c.warmup_steps) as f64 / decay as f64).min(1.0);
+    let cos = 0.5 * (1.0 + (std::f64::consts::PI * p).cos());
+    let min = c.min_lr_ratio as f64;
+    (c.lr as f64 * (min + (1.0 - min) * cos)) as f32
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// Learning rate used.
+    pub lr: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Whether the gradients were clipped.
+    pub clipped: bool,
+}
+
+/// AdamW state: fp32 first and second moments per trained parameter, and the step count.
+pub struct AdamW<B: Backend> {
+    /// Settings.
+    pub config: OptimConfig,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Parameter names, in order.
+    pub names: Vec<String>,
+    /// First moments.
+    pub m: Vec<Tensor<B>>,
+    /// Second moments.
+    pub v: Vec<Tensor<B>>,
+}
+
+impl<B: Backend> AdamW<B> {
+    /// Zero moments for the given parameters.
+    pub fn new(be: &B, config: OptimConfig, params: &[(String, &Tensor<B>)]) -> Result<Self> {
+        let mut m = Vec::with_capacity(params.len());
+        let mut v = Vec::with_capacity(params.len());
+        for (_, p) in params {
+            m.push(be.zeros(p.shape(), DType::F32)?);
+            v.push(be.zeros(p.shape(), DType::F32)?);
+        }
+        Ok(Self {
+            config,
+            step: 0,
+            names: params.iter().map(|(n, _)| n.clone()).collect(),
+            m,
+            v,
+        })
+    }
+
+    /// Clips the gradients to the global norm and applies one AdamW update to `params` (which
+    /// must be in the order of `grads`) at the learning rate of the schedule.
+    pub fn step(
+        &mut self,
+        be: &B,
+        params: Vec<(String, &mut Tensor<B>)>,
+        grads: &mut Grads<B>,
+    ) -> Result<StepStats> {
+        let lr = lr_at(&self.config, self.step);
+        self.step_with_lr(be, params, grads.named_mut(), lr)
+    }
+
+    /// As [`AdamW::step`] with an explicit learning rate and named gradient tensors.
+    pub fn step_with_lr(
+        &mut self,
+        be: &B,
+        params: Vec<(String, &mut Tensor<B>)>,
+        mut grads: Vec<(String, &mut Tensor<B>)>,
+        lr: f32,
+    ) -> Result<StepStats> {
+        if grads.len() != params.len() || params.len() != self.names.len() {
+            return Err(TrainError::Input(format!(
+                "{} parameters, {} gradients, {} optimizer slots",
+                params.len(),
+                grads.len(),
+                self.names.len()
+            )));
+        }
+        let mut ss = 0.0f64;
+        for (_, g) in grads.iter() {
+            ss += be.sum_squares(g)?;
+        }
+        let grad_norm = ss.sqrt();
+        if !grad_norm.is_finite() {
+            return Err(TrainError::Input(format!(
+                "gradient norm is {grad_norm} at step {}",
+                self.step + 1
+            )));
+        }
+        let max = self.config.max_grad_norm as f64;
+        let clipped = max > 0.0 && grad_norm > max;
+        if clipped {
+            let c = (max / (grad_norm + 1e-6)) as f32;
+            for (_, g) in grads.iter_mut() {
+                be.scale(g, c)?;
+            }
+        }
+        self.step += 1;
+        for (i, ((name, p), (gname, g))) in params.into_iter().zip(grads).enumerate() {
+            if name != gname || name != self.names[i] {
+                return Err(TrainError::Input(format!(
+                    "parameter {name} does not match gradient {gname}"
+                )));
+            }
+            let wd = if p.shape().len() > 1 {
+                self.config.weight_decay
+            } else {
+                0.0
+            };
+            let hp = AdamWParams {
+                lr,
+                beta1: self.config.beta1,
+                beta2: self.config.beta2,
+                eps: self.config.eps,
+                weight_decay: wd,
+                step: self.step,
+            };
+            be.adamw_step(p, g, &mut self.m[i], &mut self.v[i], hp)?;
+        }
+        Ok(StepStats {
+            lr,
+            grad_norm,
+            clipped,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor() {
+        let c = OptimConfig {
+            lr: 1.0,
+            warmup_steps: 4,
+            total_steps: 14,
+            min_lr_ratio: 0.1,
+            ..OptimConfig::default()
+        };
+        let lrs: Vec<f32> = (0..16).map(|s| lr_at(&c, s)).collect();
+        assert_eq!(&lrs[..4], &[0.25, 0.5, 0.75, 1.0]);
+        assert!((lrs[4] - 1.0).abs() < 1e-6);
+        assert!((lrs[9] - 0.55).abs() < 1e-6, "{}", lrs[9]);
+        assert!((lrs[14] - 0.1).abs() < 1e-6 && (lrs[15] - 0.1).abs() < 1e-6);
+        assert!(lrs[4..15].windows(2).all(|w| w[1] <= w[0]));
+    }
+}
