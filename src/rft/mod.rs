@@ -4,5 +4,6 @@ pub mod advantage;
 pub mod kl;
 pub mod openai;
 pub mod ppo;
+pub mod rl;
 pub mod select;
 pub mod teacher;

@@ -1,0 +1,604 @@
+//! Stage 2: reinforcement learning on subtask prompts with rule-based rewards.
+//!
+//! One step: sample prompts (a mix of the four subtasks) -> roll out `group_size` responses each
+//! with the generation engine -> score them with the SWE layer's rewards -> old and reference
+//! log-probabilities by a training forward -> advantages (PPO: token-level KL penalty in the
+//! reward and GAE over a value head; GRPO: group-normalised scores with a KL term in the loss;
+//! RLOO: leave-one-out baselines) -> several epochs of clipped-surrogate minibatch updates
+//! through the training engine (entropy bonus included) -> metrics.
+//!
+//! The PPO value head is a linear map of the policy's final hidden state, trained on detached
+//! features (the trunk gets no value gradient), so the policy and the reference share one
+//! architecture and the critic costs one `[D]` vector.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::backend::IGNORE_TARGET;
+use crate::engine::rng::{random_u64, SplitMix};
+use crate::engine::{Backend, DType, HostData, SamplingParams, Tensor};
+use crate::model::chat::{self, Message};
+use crate::model::generate::{generate, GenOptions, GenRequest};
+use crate::model::{Model, Tokenizer};
+use crate::rft::advantage::{gae, group_normalised, leave_one_out, shaped_rewards, whiten};
+use crate::rft::kl::KlEstimator;
+use crate::rft::ppo::{explained_variance, policy_loss, value_loss, PolicyLossConfig};
+use crate::swe::reward::ZeroReason;
+use crate::swe::subtask::{EditReward, SubtaskRecord};
+use crate::train::backward::backward;
+use crate::train::forward::{forward, Batch, ForwardOptions, Sequence};
+use crate::train::optim::{AdamW, OptimConfig};
+use crate::train::params::{model_params, model_params_mut, Grads};
+
+/// The policy-gradient algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// PPO with a value head, GAE and a token-level KL penalty in the reward.
+    Ppo,
+    /// GRPO: group-normalised advantages, KL to the reference in the loss, no critic.
+    Grpo,
+    /// RLOO: leave-one-out baselines, KL penalty in the reward, no critic.
+    Rloo,
+}
+
+/// Every knob of stage 2.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RlConfig {
+    /// PPO, GRPO or RLOO.
+    pub algorithm: Algorithm,
+    /// Optimizer steps (one rollout batch each).
+    pub steps: usize,
+    /// Prompts per rollout batch.
+    pub prompts_per_step: usize,
+    /// Responses per prompt.
+    pub group_size: usize,
+    /// Passes over each rollout batch.
+    pub ppo_epochs: usize,
+    /// Sequences per minibatch.
+    pub minibatch: usize,
+    /// Learning rate of the policy.
+    pub lr: f32,
+    /// Learning rate of the value head (PPO).
+    pub value_lr: f32,
+    /// Clip range of the probability ratio.
+    pub clip_eps: f32,
+    /// Clip range of the value update (PPO).
+    pub value_clip: f32,
+    /// Coefficient of the KL to the reference (reward penalty for PPO/RLOO, loss term for GRPO).
+    pub kl_coef: f32,
+    /// KL estimator of the loss term (GRPO).
+    pub kl_estimator: KlEstimator,
+    /// Discount.
+    pub gamma: f32,
+    /// GAE lambda.
+    pub lambda: f32,
+    /// Entropy bonus coefficient.
+    pub entropy_coef: f32,
+    /// Global gradient-norm clip.
+    pub max_grad_norm: f32,
+    /// Rollout temperature.
+    pub temperature: f32,
+    /// Most tokens per response.
+    pub max_new_tokens: usize,
+    /// Prompts longer than this (in tokens) are skipped.
+    pub max_prompt_tokens: usize,
+    /// Edit reward: SoRFT's line F-beta or SWE-RL's patch similarity.
+    pub edit_reward: EditReward,
+    /// Whiten advantages over the batch (PPO).
+    pub whiten_advantages: bool,
+    /// Sequences decoded together.
+    pub rollout_batch: usize,
+    /// Seed of prompt choice and sampling.
+    pub seed: u64,
+}
+
+impl Default for RlConfig {
+    fn default() -> Self {
+        Self {
+            algorithm: Algorithm::Grpo,
+            steps: 20,
+            prompts_per_step: 8,
+            group_size: 4,
+            ppo_epochs: 2,
+            minibatch: 8,
+            lr: 2e-5,
+            value_lr: 1e-3,
+            clip_eps: 0.2,
+            value_clip: 0.2,
+            kl_coef: 0.02,
+            kl_estimator: KlEstimator::K3,
+            gamma: 1.0,
+            lambda: 0.95,
+            entropy_coef: 0.0,
+            max_grad_norm: 1.0,
+            temperature: 1.0,
+            max_new_tokens: 96,
+            max_prompt_tokens: 2048,
+            edit_reward: EditReward::LineFbeta,
+            whiten_advantages: true,
+            rollout_batch: 16,
+            seed: 0,
+        }
+    }
+}
+
+/// A prompt of stage 2: a subtask record and its issue text.
+#[derive(Clone, Debug)]
+pub struct RlItem {
+    /// The record.
+    pub record: SubtaskRecord,
+    /// The issue text.
+    pub problem: String,
+}
+
+/// Metrics of one step.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RlMetrics {
+    /// 1-based step.
+    pub step: usize,
+    /// Mean reward.
+    pub reward_mean: f64,
+    /// Standard deviation of rewards.
+    pub reward_std: f64,
+    /// Mean reward per subtask.
+    pub reward_by_subtask: BTreeMap<String, f64>,
+    /// Counts of zero-reward reasons (format errors, invented targets, empty answers, ...).
+    pub zero_reasons: BTreeMap<String, usize>,
+    /// Mean per-token KL (k1) of the rollout policy to the reference.
+    pub kl: f64,
+    /// Mean per-token entropy.
+    pub entropy: f64,
+    /// Fraction of clipped tokens.
+    pub clip_frac: f64,
+    /// Approximate KL between the rollout policy and the updated one.
+    pub approx_kl: f64,
+    /// Value loss (PPO).
+    pub value_loss: f64,
+    /// Explained variance of the value head (PPO).
+    pub explained_variance: f64,
+    /// Gradient norm before clipping (mean over minibatches).
+    pub grad_norm: f64,
+    /// Mean response length in tokens.
+    pub response_len: f64,
+    /// Generated tokens per second during rollout.
+    pub rollout_tokens_per_s: f64,
+    /// Seconds spent generating.
+    pub time_rollout: f64,
+    /// Seconds spent scoring.
+    pub time_reward: f64,
+    /// Seconds spent in forward/backward/optimizer.
+    pub time_train: f64,
+}
+
+struct Rollout {
+    group: usize,
+    seq: Sequence,
+    response: Vec<u32>,
+    score: f32,
+}
+
+/// Per-token log-probabilities of the response tokens of each sequence (training forward, no
+/// gradient kept), plus the final hidden states' values when a value head is given.
+fn response_logprobs<B: Backend>(
+    model: &Model<B>,
+    seqs: &[&Sequence],
+    chunk: usize,
+    value_head: Option<&(Tensor<B>, Tensor<B>)>,
+) -> anyhow::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    let mut lps = Vec::with_capacity(seqs.len());
+    let mut vals = Vec::with_capacity(seqs.len());
+    for group in seqs.chunks(chunk.max(1)) {
+        let owned: Vec<Sequence> = group.iter().map(|s| (*s).clone()).collect();
+        let batch = Batch::pack(&owned)?;
+        let fwd = forward(model, None, &batch, ForwardOptions::default())?;
+        let logp = model.backend.to_host_f32(&fwd.logp)?;
+        let values = match value_head {
+            Some((w, b)) => {
+                model
+                    .backend
+                    .to_host_f32(&model.backend.linear(&fwd.h_final, w, Some(b))?)?
+            }
+            None => Vec::new(),
+        };
+        for s in 0..owned.len() {
+            let (a, z) = (
+                batch.cu_seqlens[s] as usize,
+                batch.cu_seqlens[s + 1] as usize,
+            );
+            let rows: Vec<usize> = (a..z)
+                .filter(|&r| batch.targets[r] != IGNORE_TARGET)
+                .collect();
+            lps.push(rows.iter().map(|&r| logp[r]).collect());
+            // The value of the state before response token i is read at the row predicting it.
+            vals.push(if values.is_empty() {
+                Vec::new()
+            } else {
+                rows.iter().map(|&r| values[r]).collect()
+            });
+        }
+    }
+    Ok((lps, vals))
+}
+
+fn zero_reason_name(z: &ZeroReason) -> &'static str {
+    match z {
+        ZeroReason::EmptyAnswer => "empty_answer",
+        ZeroReason::InventedTarget { .. } => "invented_target",
+        ZeroReason::NoBlocks => "format_error",
+        ZeroReason::UnknownFile { .. } => "unknown_file",
+        ZeroReason::SearchNotFound { .. } => "search_not_found",
+        ZeroReason::NoChange => "no_change",
+        ZeroReason::NoOverlap => "no_overlap",
+        ZeroReason::NoTruth => "no_truth",
+    }
+}
+
+/// Encodes every item's prompt; items whose prompt exceeds `max_prompt_tokens` are dropped.
+pub fn encode_prompts(
+    tok: &Tokenizer,
+    items: &[RlItem],
+    max_prompt_tokens: usize,
+) -> anyhow::Result<Vec<(usize, Vec<u32>)>> {
+    let mut out = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        let (ids, _) = chat::encode(tok, &[Message::new("user", &it.record.prompt)], true)?;
+        if ids.len() <= max_prompt_tokens {
+            out.push((i, ids));
+        }
+    }
+    Ok(out)
+}
+
+/// The RL trainer's state between steps.
+pub struct RlTrainer<B: Backend> {
+    /// Settings.
+    pub cfg: RlConfig,
+    opt: AdamW<B>,
+    value_head: Option<(Tensor<B>, Tensor<B>)>,
+    value_opt: Option<AdamW<B>>,
+    prompts: Vec<(usize, Vec<u32>)>,
+    /// Steps done.
+    pub step: usize,
+}
+
+impl<B: Backend> RlTrainer<B> {
+    /// A trainer for `policy` over `items`.
+    pub fn new(
+        policy: &Model<B>,
+        tok: &Tokenizer,
+        items: &[RlItem],
+        cfg: RlConfig,
+    ) -> anyhow::Result<Self> {
+        let be = &policy.backend;
+        let prompts = encode_prompts(tok, items, cfg.max_prompt_tokens)?;
+        if prompts.is_empty() {
+            anyhow::bail!(
+                "no RL prompt fits max_prompt_tokens = {}",
+                cfg.max_prompt_tokens
+            );
+        }
+        let ocfg = OptimConfig {
+            lr: cfg.lr,
+            max_grad_norm: cfg.max_grad_norm,
+            warmup_steps: 0,
+            total_steps: (cfg.steps * cfg.ppo_epochs * 4).max(1) as u64,
+            min_lr_ratio: 1.0,
+            ..Default::default()
+        };
+        let opt = AdamW::new(be, ocfg, &model_params(policy))?;
+        let (value_head, value_opt) = if cfg.algorithm == Algorithm::Ppo {
+            let d = policy.config.hidden_size;
+            let w = be.zeros(&[1, d], DType::F32)?;
+            let b = be.zeros(&[1], DType::F32)?;
+            let vcfg = OptimConfig {
+                lr: cfg.value_lr,
+                max_grad_norm: 0.0,
+                min_lr_ratio: 1.0,
+                total_steps: 1,
+                ..Default::default()
+            };
+            let vo = AdamW::new(
+                be,
+                vcfg,
+                &[
+                    ("value.weight".to_string(), &w),
+                    ("value.bias".to_string(), &b),
+                ],
+            )?;
+            (Some((w, b)), Some(vo))
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            cfg,
+            opt,
+            value_head,
+            value_opt,
+            prompts,
+            step: 0,
+        })
+    }
+
+    /// One rollout + update step.
+    pub fn step(
+        &mut self,
+        policy: &mut Model<B>,
+        reference: &Model<B>,
+        tok: &Tokenizer,
+        items: &[RlItem],
+    ) -> anyhow::Result<RlMetrics> {
+        let cfg = self.cfg.clone();
+        let be = policy.backend.clone();
+        self.step += 1;
+        let mut m = RlMetrics {
+            step: self.step,
+            ..Default::default()
+        };
+        // ---- rollout ----
+        let t0 = Instant::now();
+        let mut rng = SplitMix::new(random_u64(cfg.seed, 0x5e1, self.step as u64));
+        let chosen: Vec<usize> = (0..cfg.prompts_per_step)
+            .map(|_| rng.below(self.prompts.len() as u64) as usize)
+            .collect();
+        let mut reqs = Vec::new();
+        for (gi, &p) in chosen.iter().enumerate() {
+            for k in 0..cfg.group_size {
+                reqs.push(GenRequest {
+                    prompt: self.prompts[p].1.clone(),
+                    params: SamplingParams {
+                        temperature: cfg.temperature,
+                        top_k: 0,
+                        top_p: 1.0,
+                        seed: random_u64(
+                            cfg.seed,
+                            self.step as u64,
+                            (gi * cfg.group_size + k) as u64,
+                        ),
+                    },
+                    max_new_tokens: cfg.max_new_tokens,
+                    stop_ids: tok.stop_ids(),
+                    stop_strings: Vec::new(),
+                });
+            }
+        }
+        let outs = generate(
+            policy,
+            Some(tok),
+            &reqs,
+            &GenOptions {
+                max_batch: cfg.rollout_batch,
+                progress: false,
+            },
+        )?;
+        m.time_rollout = t0.elapsed().as_secs_f64();
+        let gen_tokens: usize = outs.iter().map(|o| o.ids.len()).sum();
+        m.rollout_tokens_per_s = gen_tokens as f64 / m.time_rollout.max(1e-9);
+        // ---- reward ----
+        let t1 = Instant::now();
+        let mut rolls = Vec::with_capacity(outs.len());
+        let mut by_sub: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for (j, o) in outs.iter().enumerate() {
+            let gi = j / cfg.group_size.max(1);
+            let (item, prompt) = (&self.prompts[chosen[gi]].0, &self.prompts[chosen[gi]].1);
+            let rec = &items[*item].record;
+            let r = rec.reward(&o.text, cfg.edit_reward);
+            if let Some(z) = &r.zero_reason {
+                *m.zero_reasons
+                    .entry(zero_reason_name(z).to_string())
+                    .or_default() += 1;
+            }
+            by_sub
+                .entry(rec.subtask.name().to_string())
+                .or_default()
+                .push(r.reward);
+            let mut ids = prompt.clone();
+            ids.extend(&o.ids);
+            let mut mask = vec![0u8; prompt.len()];
+            mask.extend(std::iter::repeat_n(1u8, o.ids.len()));
+            rolls.push(Rollout {
+                group: gi,
+                seq: Sequence {
+                    ids,
+                    mask,
+                    weight: 1.0,
+                },
+                response: o.ids.clone(),
+                score: r.reward as f32,
+            });
+        }
+        let scores: Vec<f32> = rolls.iter().map(|r| r.score).collect();
+        let n = scores.len().max(1) as f64;
+        m.reward_mean = scores.iter().map(|&s| s as f64).sum::<f64>() / n;
+        m.reward_std = (scores
+            .iter()
+            .map(|&s| (s as f64 - m.reward_mean).powi(2))
+            .sum::<f64>()
+            / n)
+            .sqrt();
+        m.reward_by_subtask = by_sub
+            .into_iter()
+            .map(|(k, v)| (k, v.iter().sum::<f64>() / v.len() as f64))
+            .collect();
+        m.response_len = gen_tokens as f64 / n;
+        m.time_reward = t1.elapsed().as_secs_f64();
+        // ---- old / reference log-probs, advantages ----
+        let t2 = Instant::now();
+        let seqs: Vec<&Sequence> = rolls
+            .iter()
+            .filter(|r| !r.response.is_empty())
+            .map(|r| &r.seq)
+            .collect();
+        let live: Vec<usize> = (0..rolls.len())
+            .filter(|&i| !rolls[i].response.is_empty())
+            .collect();
+        let (old, old_values) =
+            response_logprobs(policy, &seqs, cfg.minibatch, self.value_head.as_ref())?;
+        let (refl, _) = response_logprobs(reference, &seqs, cfg.minibatch, None)?;
+        let kl_tok: Vec<Vec<f32>> = old
+            .iter()
+            .zip(&refl)
+            .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x - y).collect())
+            .collect();
+        let ntok: usize = old.iter().map(Vec::len).sum();
+        m.kl = kl_tok.iter().flatten().map(|&x| x as f64).sum::<f64>() / ntok.max(1) as f64;
+        let groups: Vec<usize> = live.iter().map(|&i| rolls[i].group).collect();
+        let live_scores: Vec<f32> = live.iter().map(|&i| rolls[i].score).collect();
+        let (mut adv, returns): (Vec<Vec<f32>>, Vec<Vec<f32>>) = match cfg.algorithm {
+            Algorithm::Grpo => {
+                let a = group_normalised(&live_scores, &groups, true);
+                (
+                    old.iter()
+                        .zip(&a)
+                        .map(|(lp, &x)| vec![x; lp.len()])
+                        .collect(),
+                    Vec::new(),
+                )
+            }
+            Algorithm::Rloo => {
+                let a = leave_one_out(&live_scores, &groups);
+                // KL penalty folded into the sequence score.
+                (
+                    old.iter()
+                        .zip(&a)
+                        .zip(&kl_tok)
+                        .map(|((lp, &x), k)| {
+                            let pen = cfg.kl_coef * k.iter().sum::<f32>();
+                            vec![x - pen; lp.len()]
+                        })
+                        .collect(),
+                    Vec::new(),
+                )
+            }
+            Algorithm::Ppo => {
+                let mut advs = Vec::new();
+                let mut rets = Vec::new();
+                for (i, (&score, k)) in live_scores.iter().zip(&kl_tok).enumerate() {
+                    let rewards = shaped_rewards(score, k, cfg.kl_coef);
+                    let (a, r) = gae(&rewards, &old_values[i], cfg.gamma, cfg.lambda);
+                    advs.push(a);
+                    rets.push(r);
+                }
+                (advs, rets)
+            }
+        };
+        if cfg.algorithm == Algorithm::Ppo && cfg.whiten_advantages {
+            let mut flat: Vec<f32> = adv.iter().flatten().copied().collect();
+            whiten(&mut flat, true);
+            let mut it = flat.into_iter();
+            for a in adv.iter_mut() {
+                for x in a.iter_mut() {
+                    *x = it.next().unwrap_or(0.0);
+                }
+            }
+        }
+        // ---- updates ----
+        let pcfg = PolicyLossConfig {
+            clip_eps: cfg.clip_eps,
+            kl_coef: if cfg.algorithm == Algorithm::Grpo {
+                cfg.kl_coef
+            } else {
+                0.0
+            },
+            kl_estimator: cfg.kl_estimator,
+        };
+        let mut grads = Grads::new(policy, None)?;
+        let (mut ent_sum, mut ent_n, mut clip_sum, mut akl_sum, mut gn_sum, mut nmb) =
+            (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
+        let (mut vl_sum, mut ev_sum) = (0.0, 0.0);
+        let mut order: Vec<usize> = (0..live.len()).collect();
+        for epoch in 0..cfg.ppo_epochs {
+            let mut r = SplitMix::new(random_u64(cfg.seed, self.step as u64, 0xe0 + epoch as u64));
+            for i in (1..order.len()).rev() {
+                order.swap(i, r.below(i as u64 + 1) as usize);
+            }
+            for mb in order.chunks(cfg.minibatch.max(1)) {
+                let owned: Vec<Sequence> = mb.iter().map(|&i| seqs[i].clone()).collect();
+                let batch = Batch::pack(&owned)?;
+                let fwd = forward(policy, None, &batch, ForwardOptions::default())?;
+                let logp_rows = be.to_host_f32(&fwd.logp)?;
+                let ent_rows = be.to_host_f32(&fwd.entropy)?;
+                // Gather response-token rows in order.
+                let mut rows = Vec::new();
+                for s in 0..owned.len() {
+                    let (a, z) = (
+                        batch.cu_seqlens[s] as usize,
+                        batch.cu_seqlens[s + 1] as usize,
+                    );
+                    rows.extend((a..z).filter(|&r| batch.targets[r] != IGNORE_TARGET));
+                }
+                let new_lp: Vec<f32> = rows.iter().map(|&r| logp_rows[r]).collect();
+                let old_lp: Vec<f32> = mb.iter().flat_map(|&i| old[i].iter().copied()).collect();
+                let ref_lp: Vec<f32> = mb.iter().flat_map(|&i| refl[i].iter().copied()).collect();
+                let a: Vec<f32> = mb.iter().flat_map(|&i| adv[i].iter().copied()).collect();
+                let pl = policy_loss(&pcfg, &new_lp, &old_lp, &a, Some(&ref_lp));
+                let nt = rows.len().max(1);
+                let mut g_logp = vec![0.0f32; batch.len()];
+                let mut g_ent = vec![0.0f32; batch.len()];
+                for (k, &r) in rows.iter().enumerate() {
+                    g_logp[r] = pl.dlogp[k];
+                    g_ent[r] = -cfg.entropy_coef / nt as f32;
+                    ent_sum += ent_rows[r] as f64;
+                }
+                ent_n += rows.len();
+                clip_sum += pl.clip_frac;
+                akl_sum += pl.approx_kl;
+                // Value head on detached features.
+                if let (Some((w, b)), Some(vopt)) =
+                    (self.value_head.as_mut(), self.value_opt.as_mut())
+                {
+                    let vals_rows = be.to_host_f32(&be.linear(&fwd.h_final, w, Some(b))?)?;
+                    let v: Vec<f32> = rows.iter().map(|&r| vals_rows[r]).collect();
+                    let vo: Vec<f32> = mb
+                        .iter()
+                        .flat_map(|&i| old_values[i].iter().copied())
+                        .collect();
+                    let ret: Vec<f32> = mb
+                        .iter()
+                        .flat_map(|&i| returns[i].iter().copied())
+                        .collect();
+                    let (vl, dv, _) = value_loss(&v, &vo, &ret, cfg.value_clip);
+                    vl_sum += vl;
+                    ev_sum += explained_variance(&v, &ret);
+                    let mut dv_rows = vec![0.0f32; batch.len()];
+                    for (k, &r) in rows.iter().enumerate() {
+                        dv_rows[r] = dv[k];
+                    }
+                    let dvt = be.upload(HostData::F32(&dv_rows), &[batch.len(), 1])?;
+                    let mut gw = be.zeros(&[1, policy.config.hidden_size], DType::F32)?;
+                    be.matmul(&dvt, true, &fwd.h_final, false, &mut gw, false)?;
+                    let gb_val: f32 = dv_rows.iter().sum();
+                    let mut gb = be.upload(HostData::F32(&[gb_val]), &[1])?;
+                    vopt.step_with_lr(
+                        &be,
+                        vec![("value.weight".into(), w), ("value.bias".into(), b)],
+                        vec![
+                            ("value.weight".into(), &mut gw),
+                            ("value.bias".into(), &mut gb),
+                        ],
+                        cfg.value_lr,
+                    )?;
+                }
+                let g_logp_t = be.upload(HostData::F32(&g_logp), &[batch.len()])?;
+                let g_ent_t = be.upload(HostData::F32(&g_ent), &[batch.len()])?;
+                backward(policy, None, fwd, &g_logp_t, &g_ent_t, &mut grads)?;
+                let st = self.opt.step(&be, model_params_mut(policy), &mut grads)?;
+                grads.zero(&be)?;
+                gn_sum += st.grad_norm;
+                nmb += 1;
+            }
+        }
+        let nmb_f = nmb.max(1) as f64;
+        m.entropy = ent_sum / ent_n.max(1) as f64;
+        m.clip_frac = clip_sum / nmb_f;
+        m.approx_kl = akl_sum / nmb_f;
+        m.grad_norm = gn_sum / nmb_f;
+        m.value_loss = vl_sum / nmb_f;
+        m.explained_variance = ev_sum / nmb_f;
+        m.time_train = t2.elapsed().as_secs_f64();
+        Ok(m)
+    }
+}
