@@ -1,0 +1,14 @@
+//! The embedded SWE sandbox: private workspaces, patch application, isolated and bounded test
+//! runs, test-log parsing and SWE-bench-style grading — without Docker.
+
+pub mod capture;
+pub mod cleanup;
+mod error;
+pub mod isolation;
+pub mod limits;
+pub mod process;
+pub mod uid;
+pub mod workspace;
+
+pub use error::{Result, SandboxError};
+pub use limits::Limits;

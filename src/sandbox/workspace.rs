@@ -1,0 +1,202 @@
+//! Private per-run workspaces: the repository copied into a scratch directory owned by the
+//! run's sandbox uid, removed on drop (also on error and panic; on Ctrl-C via
+//! [`crate::sandbox::cleanup`]).
+
+use crate::sandbox::cleanup::{self, Tracked};
+use crate::sandbox::error::{Result, SandboxError};
+use crate::sandbox::isolation::JailPaths;
+use crate::sandbox::uid::UidSlot;
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// One run's scratch directory: `root/repo` (the working copy) and `root/tmp`.
+#[derive(Debug)]
+pub struct Workspace {
+    root: PathBuf,
+    repo: PathBuf,
+    tmp: PathBuf,
+    slot: Option<UidSlot>,
+    _tracked: Tracked,
+}
+
+impl Workspace {
+    /// Creates a workspace under `base` holding a copy of `source` (without `.git`). As root,
+    /// reserves a dedicated uid and hands the copy to it.
+    pub fn create(base: &Path, source: &Path) -> Result<Workspace> {
+        cleanup::install_signal_handlers();
+        if !source.is_dir() {
+            return Err(SandboxError::io(
+                format!("repository {}", source.display()),
+                std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+            ));
+        }
+        // SAFETY: geteuid has no preconditions.
+        let slot = if unsafe { libc::geteuid() } == 0 {
+            Some(UidSlot::acquire()?)
+        } else {
+            None
+        };
+        let name = format!(
+            "sorft-ws-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let root = base.join(name);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&root)
+            .map_err(|e| SandboxError::io(format!("creating {}", root.display()), e))?;
+        // From here on the directory is removed on drop.
+        let ws = Workspace {
+            repo: root.join("repo"),
+            tmp: root.join("tmp"),
+            _tracked: cleanup::track_dir(root.clone()),
+            root,
+            slot,
+        };
+        // The umask could make the root unreachable for the sandbox uid.
+        set_mode(&ws.root, 0o711)?;
+        copy_tree(source, &ws.repo)?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&ws.tmp)
+            .map_err(|e| SandboxError::io(format!("creating {}", ws.tmp.display()), e))?;
+        if let Some(s) = &ws.slot {
+            chown_tree(&ws.repo, s.uid, s.gid)?;
+            chown_tree(&ws.tmp, s.uid, s.gid)?;
+        }
+        Ok(ws)
+    }
+
+    /// The working copy of the repository.
+    pub fn repo(&self) -> &Path {
+        &self.repo
+    }
+
+    /// The run's private temp directory.
+    pub fn tmp(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// The workspace root (removed on drop).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The `(uid, gid)` the run executes as, when running as root.
+    pub fn ids(&self) -> Option<(u32, u32)> {
+        self.slot.as_ref().map(|s| (s.uid, s.gid))
+    }
+
+    /// Jail paths for a run in this workspace, with extra readable trees.
+    pub fn jail_paths(&self, read: Vec<PathBuf>) -> JailPaths {
+        JailPaths {
+            repo: self.repo.clone(),
+            tmp: self.tmp.clone(),
+            read,
+        }
+    }
+
+    /// Re-applies ownership after the host wrote files (e.g. applied a patch).
+    pub fn hand_over(&self) -> Result<()> {
+        if let Some(s) = &self.slot {
+            chown_tree(&self.repo, s.uid, s.gid)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // Kill what is left of the uid before deleting its files (UidSlot's drop sweeps too).
+        if let Some(s) = &self.slot {
+            crate::sandbox::uid::kill_all_of_uid(s.uid);
+        }
+        if fs::remove_dir_all(&self.root).is_err() {
+            // A run may have removed permissions from its own directories.
+            make_writable(&self.root);
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<()> {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode))
+        .map_err(|e| SandboxError::io(format!("chmod {}", p.display()), e))
+}
+
+fn make_writable(p: &Path) {
+    if let Ok(m) = fs::symlink_metadata(p) {
+        if m.is_dir() {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
+            if let Ok(rd) = fs::read_dir(p) {
+                for e in rd.flatten() {
+                    make_writable(&e.path());
+                }
+            }
+        }
+    }
+}
+
+/// Copies a tree (not `.git`), preserving modes and symlinks as links. Files are reflinked
+/// where the filesystem allows and copied otherwise — never hardlinked, since the run may
+/// change files in place and must not reach the mirror.
+pub fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
+    let io = |what: &str, p: &Path, e| SandboxError::io(format!("{what} {}", p.display()), e);
+    fs::create_dir(dst).map_err(|e| io("creating", dst, e))?;
+    let mode = fs::metadata(src).map_err(|e| io("reading", src, e))?.permissions();
+    fs::set_permissions(dst, mode).map_err(|e| io("chmod", dst, e))?;
+    for entry in fs::read_dir(src).map_err(|e| io("listing", src, e))? {
+        let entry = entry.map_err(|e| io("listing", src, e))?;
+        let name = entry.file_name();
+        if name == ".git" {
+            continue;
+        }
+        let from = entry.path();
+        let to = dst.join(&name);
+        let ft = entry.file_type().map_err(|e| io("reading", &from, e))?;
+        if ft.is_dir() {
+            copy_tree(&from, &to)?;
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&from).map_err(|e| io("reading link", &from, e))?;
+            std::os::unix::fs::symlink(target, &to).map_err(|e| io("creating link", &to, e))?;
+        } else if ft.is_file() {
+            copy_file(&from, &to).map_err(|e| io("copying", &from, e))?;
+        }
+    }
+    Ok(())
+}
+
+fn copy_file(from: &Path, to: &Path) -> std::io::Result<()> {
+    let src = fs::File::open(from)?;
+    let dst = fs::File::create(to)?;
+    // SAFETY: FICLONE takes the source descriptor as its argument; both fds are open.
+    let cloned = unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) } == 0;
+    drop(dst);
+    if !cloned {
+        fs::copy(from, to)?;
+    } else {
+        fs::set_permissions(to, src.metadata()?.permissions())?;
+    }
+    Ok(())
+}
+
+/// Changes the owner of every entry of a tree (symlinks themselves, not their targets).
+pub fn chown_tree(p: &Path, uid: u32, gid: u32) -> Result<()> {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid))
+        .map_err(|e| SandboxError::io(format!("chown {}", p.display()), e))?;
+    let m = fs::symlink_metadata(p).map_err(|e| SandboxError::io(format!("stat {}", p.display()), e))?;
+    if m.is_dir() {
+        for e in fs::read_dir(p).map_err(|e| SandboxError::io(format!("listing {}", p.display()), e))? {
+            let e = e.map_err(|e| SandboxError::io(format!("listing {}", p.display()), e))?;
+            chown_tree(&e.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
