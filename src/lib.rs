@@ -6,3 +6,4 @@
 pub mod engine;
 pub mod model;
 pub mod sandbox;
+pub mod swe;

@@ -9,7 +9,9 @@ fn main() {
     cli::init_logging(args.verbose);
     if let Some(t) = args.threads {
         // A second initialisation can only fail if something already built the pool; ignore that.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(t).build_global();
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global();
     }
     match cli::run(args.command) {
         Ok(()) => {}

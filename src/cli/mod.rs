@@ -18,8 +18,7 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
-pub enum Command {
-}
+pub enum Command {}
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
 pub fn init_logging(verbose: u8) {

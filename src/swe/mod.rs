@@ -1,0 +1,8 @@
+//! The SWE task layer: instances and repositories, diffs, code maps (tree-sitter), ground truth from gold
+//! patches, the four SoRFT subtasks (prompts, answer parsers, rewards), the offline task generator and BM25.
+//!
+//! Nothing here knows about models; everything is testable on its own.
+
+pub mod diff;
+pub mod instance;
+pub mod repo;
