@@ -4,5 +4,6 @@
 //! Nothing here knows about models; everything is testable on its own.
 
 pub mod diff;
+pub mod edit;
 pub mod instance;
 pub mod repo;
