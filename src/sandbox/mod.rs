@@ -1,12 +1,18 @@
 //! The embedded SWE sandbox: private workspaces, patch application, isolated and bounded test
 //! runs, test-log parsing and SWE-bench-style grading — without Docker.
 
+pub mod apply;
 pub mod capture;
 pub mod cleanup;
 mod error;
 pub mod isolation;
 pub mod limits;
+pub mod logparse;
+pub mod grading;
+pub mod paths;
 pub mod process;
+pub mod python;
+pub mod testcmd;
 pub mod uid;
 pub mod workspace;
 
