@@ -47,10 +47,17 @@ fn process_limit_stops_a_burst_of_sleepers_and_nothing_is_left() {
     limits.nproc = 16;
     limits.wall = std::time::Duration::from_secs(3);
     // A few background sleepers fit under the limit...
-    let few = sh(&ws, "for i in 1 2 3 4 5; do sleep 30 & done; echo started; exit 0", &limits);
+    let few = sh(
+        &ws,
+        "for i in 1 2 3 4 5; do sleep 30 & done; echo started; exit 0",
+        &limits,
+    );
     assert_eq!(few.exit, ExitKind::Exited(0), "{}", few.output.tail);
     assert!(few.output.tail.contains("started"));
-    assert!(live_processes_of(uid).is_empty(), "sleepers survived the run");
+    assert!(
+        live_processes_of(uid).is_empty(),
+        "sleepers survived the run"
+    );
     // ...two hundred do not.
     let script = "ok=0; fail=0; i=0; while [ $i -lt 200 ]; do \
                   if sleep 30 2>/dev/null & then ok=$((ok+1)); else fail=$((fail+1)); fi; \
@@ -64,5 +71,9 @@ fn process_limit_stops_a_burst_of_sleepers_and_nothing_is_left() {
         "the process limit never refused a fork: {}",
         out.output.tail
     );
-    assert!(live_processes_of(uid).is_empty(), "leftovers: {:?}", live_processes_of(uid));
+    assert!(
+        live_processes_of(uid).is_empty(),
+        "leftovers: {:?}",
+        live_processes_of(uid)
+    );
 }

@@ -1,5 +1,7 @@
 //! Subcommands of the `sorft` binary, one file each.
 
+pub mod sandbox;
+
 use clap::{Parser, Subcommand};
 
 /// sorft: subtask-oriented reinforcement fine-tuning of code LLMs, on one machine.
@@ -18,7 +20,10 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
-pub enum Command {}
+pub enum Command {
+    /// Apply patches and run repository tests isolated, graded like SWE-bench.
+    Sandbox(sandbox::SandboxArgs),
+}
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
 pub fn init_logging(verbose: u8) {
@@ -37,5 +42,7 @@ pub fn init_logging(verbose: u8) {
 
 /// Runs one subcommand.
 pub fn run(cmd: Command) -> anyhow::Result<()> {
-    match cmd {}
+    match cmd {
+        Command::Sandbox(a) => sandbox::run(a),
+    }
 }

@@ -114,7 +114,11 @@ pub fn apply_hunks_with(
     let mut delta: i64 = 0;
     for (hi, h) in hunks.iter().enumerate() {
         // Leading and trailing context lines that fuzz may drop.
-        let lead = h.lines.iter().take_while(|l| l.kind == LineKind::Context).count();
+        let lead = h
+            .lines
+            .iter()
+            .take_while(|l| l.kind == LineKind::Context)
+            .count();
         let trail = h
             .lines
             .iter()
@@ -151,7 +155,8 @@ pub fn apply_hunks_with(
             } else {
                 h.old_start.saturating_sub(1)
             } + cut_front;
-            let expected = (stated as i64 + delta).clamp(cursor as i64, lines.len() as i64) as usize;
+            let expected =
+                (stated as i64 + delta).clamp(cursor as i64, lines.len() as i64) as usize;
             if old.is_empty() {
                 placed = Some((expected, body, stated));
                 break 'fuzz;
@@ -219,10 +224,7 @@ fn is_symlink_mode(m: &Option<String>) -> bool {
 
 /// A pending change to one path.
 enum Change {
-    Write {
-        text: String,
-        mode: Option<u32>,
-    },
+    Write { text: String, mode: Option<u32> },
     Symlink(String),
     Remove,
 }
@@ -260,7 +262,10 @@ pub fn apply_patch(root: &Path, patch: &Patch, what: &'static str) -> Result<App
     let mut created_links: Vec<String> = vec![];
     for fp in &patch.files {
         for p in [&fp.old_path, &fp.new_path].into_iter().flatten() {
-            if created_links.iter().any(|l| p.starts_with(&format!("{l}/"))) {
+            if created_links
+                .iter()
+                .any(|l| p.starts_with(&format!("{l}/")))
+            {
                 return Err(unsafe_err(UnsafePath {
                     path: p.clone(),
                     reason: "writes through a symlink created by the patch",
@@ -282,7 +287,10 @@ pub fn apply_patch(root: &Path, patch: &Patch, what: &'static str) -> Result<App
                     None => {
                         let bytes = std::fs::read(&full)
                             .map_err(|_| file_err(what, p, "file does not exist"))?;
-                        Some(String::from_utf8(bytes).map_err(|_| file_err(what, p, "not UTF-8 text"))?)
+                        Some(
+                            String::from_utf8(bytes)
+                                .map_err(|_| file_err(what, p, "not UTF-8 text"))?,
+                        )
                     }
                 }
             }
@@ -306,14 +314,24 @@ pub fn apply_patch(root: &Path, patch: &Patch, what: &'static str) -> Result<App
                 created_links.push(p.clone());
                 changes.insert(p.clone(), Change::Symlink(new_text));
             } else {
-                let mode = fp
-                    .new_mode
-                    .as_deref()
-                    .map(|m| if m.ends_with("755") { 0o755 } else { 0o644 });
-                changes.insert(p.clone(), Change::Write { text: new_text, mode });
+                let mode =
+                    fp.new_mode
+                        .as_deref()
+                        .map(|m| if m.ends_with("755") { 0o755 } else { 0o644 });
+                changes.insert(
+                    p.clone(),
+                    Change::Write {
+                        text: new_text,
+                        mode,
+                    },
+                );
             }
         } else if !new_text.is_empty() {
-            return Err(file_err(what, fp.path(), "file deletion leaves content behind"));
+            return Err(file_err(
+                what,
+                fp.path(),
+                "file deletion leaves content behind",
+            ));
         }
     }
     // 2. Write.
@@ -332,7 +350,8 @@ pub fn apply_patch(root: &Path, patch: &Patch, what: &'static str) -> Result<App
                 std::fs::write(&full, text).map_err(io)?;
                 if let Some(m) = mode {
                     use std::os::unix::fs::PermissionsExt;
-                    std::fs::set_permissions(&full, std::fs::Permissions::from_mode(m)).map_err(io)?;
+                    std::fs::set_permissions(&full, std::fs::Permissions::from_mode(m))
+                        .map_err(io)?;
                 }
             }
             Change::Symlink(target) => {
@@ -342,7 +361,8 @@ pub fn apply_patch(root: &Path, patch: &Patch, what: &'static str) -> Result<App
                 if std::fs::symlink_metadata(&full).is_ok() {
                     std::fs::remove_file(&full).map_err(io)?;
                 }
-                std::os::unix::fs::symlink(target.trim_end_matches(['\n', '\r']), &full).map_err(io)?;
+                std::os::unix::fs::symlink(target.trim_end_matches(['\n', '\r']), &full)
+                    .map_err(io)?;
             }
         }
         files.push(p);
@@ -385,7 +405,8 @@ fn apply_file(
 
 /// True when the text looks like SEARCH/REPLACE blocks rather than a diff.
 pub fn is_edit_blocks(text: &str) -> bool {
-    text.lines().any(|l| l.trim_start().starts_with("<<<<<<< SEARCH"))
+    text.lines()
+        .any(|l| l.trim_start().starts_with("<<<<<<< SEARCH"))
 }
 
 /// Applies a model change in either format: SEARCH/REPLACE blocks (turned into a diff against
@@ -473,7 +494,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Nothing was written by the failed patch.
-        assert!(std::fs::read_to_string(d.path().join("x.txt")).unwrap().contains("D\n"));
+        assert!(std::fs::read_to_string(d.path().join("x.txt"))
+            .unwrap()
+            .contains("D\n"));
     }
 
     #[test]
@@ -483,7 +506,10 @@ mod tests {
         let text = "### m.py\n<<<<<<< SEARCH\ny = 2\n=======\ny = 3\n>>>>>>> REPLACE\n";
         let r = apply_model_change(d.path(), text).unwrap();
         assert_eq!(r.strategy, Strategy::Exact);
-        assert_eq!(std::fs::read_to_string(d.path().join("m.py")).unwrap(), "x = 1\ny = 3\n");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("m.py")).unwrap(),
+            "x = 1\ny = 3\n"
+        );
         let escape = "### ../evil.py\n<<<<<<< SEARCH\n=======\nboom\n>>>>>>> REPLACE\n";
         assert!(matches!(
             apply_model_change(d.path(), escape),

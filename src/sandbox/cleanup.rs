@@ -51,7 +51,10 @@ pub fn track_dir(path: PathBuf) -> Tracked {
 /// Kills every registered process group and removes every registered directory.
 pub fn cleanup_all() {
     let entries: Vec<Entry> = match LIVE.lock() {
-        Ok(mut g) => g.take().map(|m| m.into_values().collect()).unwrap_or_default(),
+        Ok(mut g) => g
+            .take()
+            .map(|m| m.into_values().collect())
+            .unwrap_or_default(),
         Err(_) => return,
     };
     for e in &entries {

@@ -72,7 +72,10 @@ pub fn grade(
             resolution: Resolution::No,
             resolved: false,
             report,
-            reason: Some(format!("no {} test results found in the log", parser.name())),
+            reason: Some(format!(
+                "no {} test results found in the log",
+                parser.name()
+            )),
         };
     }
     // Statuses keyed by canonical name, so both spellings of a test id match.
@@ -156,7 +159,11 @@ mod tests {
         assert_eq!(g.resolution, Resolution::Full);
         assert!(g.resolved);
         let g = grade(&m, &PytestParser, &names(&["a", "s"]), &names(&["b"]));
-        assert_eq!(g.resolution, Resolution::Partial, "skipped F2P is a failure");
+        assert_eq!(
+            g.resolution,
+            Resolution::Partial,
+            "skipped F2P is a failure"
+        );
         assert!(!g.resolved);
         let g = grade(&m, &PytestParser, &names(&["a"]), &names(&["f"]));
         assert_eq!(g.resolution, Resolution::No);

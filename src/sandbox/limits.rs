@@ -51,7 +51,9 @@ mod secs_f64 {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let v = f64::deserialize(d)?;
         if !(v.is_finite() && v >= 0.0) {
-            return Err(serde::de::Error::custom("wall time must be a non-negative number"));
+            return Err(serde::de::Error::custom(
+                "wall time must be a non-negative number",
+            ));
         }
         Ok(Duration::from_secs_f64(v))
     }

@@ -140,7 +140,11 @@ fn unittest_head(line: &str) -> Option<String> {
     let rest = &line[open + 2..];
     let close = rest.find(')')?;
     let inner = &rest[..close];
-    if inner.is_empty() || !inner.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+    if inner.is_empty()
+        || !inner
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+    {
         return None;
     }
     if inner.ends_with(&format!(".{method}")) {
@@ -172,7 +176,10 @@ impl LogParser for UnittestParser {
                 continue;
             }
             // Failure details: "FAIL: test_x (pkg.Class.test_x)" confirm a status.
-            for (prefix, st) in [("FAIL: ", TestStatus::Failed), ("ERROR: ", TestStatus::Error)] {
+            for (prefix, st) in [
+                ("FAIL: ", TestStatus::Failed),
+                ("ERROR: ", TestStatus::Error),
+            ] {
                 if let Some(rest) = line.strip_prefix(prefix) {
                     if let Some(id) = unittest_head(rest) {
                         map.entry(id).or_insert(st);

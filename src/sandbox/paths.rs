@@ -66,7 +66,12 @@ pub fn resolve_for_write(root: &Path, rel: &str) -> Result<PathBuf, UnsafePath> 
             }
             match cur.canonicalize() {
                 Ok(t) if t.starts_with(&canon_root) => {}
-                _ => return Err(refuse(rel, "goes through a symlink pointing outside the repository")),
+                _ => {
+                    return Err(refuse(
+                        rel,
+                        "goes through a symlink pointing outside the repository",
+                    ))
+                }
             }
         }
     }
@@ -94,7 +99,10 @@ pub fn check_symlink_target(link: &str, target: &str) -> Result<(), UnsafePath> 
             _ => return Err(refuse(link, "creates a symlink to an absolute path")),
         }
         if depth < 0 {
-            return Err(refuse(link, "creates a symlink pointing outside the repository"));
+            return Err(refuse(
+                link,
+                "creates a symlink pointing outside the repository",
+            ));
         }
     }
     Ok(())
@@ -108,10 +116,22 @@ mod tests {
     fn syntactic_checks() {
         assert!(check_relative("a/b.py").is_ok());
         assert!(check_relative("./a/b.py").is_ok());
-        assert_eq!(check_relative("/etc/passwd").unwrap_err().reason, "absolute path");
-        assert_eq!(check_relative("a/../../x").unwrap_err().reason, "`..` component");
-        assert_eq!(check_relative(".git/config").unwrap_err().reason, "touches .git/");
-        assert_eq!(check_relative("sub/.GIT/hooks/x").unwrap_err().reason, "touches .git/");
+        assert_eq!(
+            check_relative("/etc/passwd").unwrap_err().reason,
+            "absolute path"
+        );
+        assert_eq!(
+            check_relative("a/../../x").unwrap_err().reason,
+            "`..` component"
+        );
+        assert_eq!(
+            check_relative(".git/config").unwrap_err().reason,
+            "touches .git/"
+        );
+        assert_eq!(
+            check_relative("sub/.GIT/hooks/x").unwrap_err().reason,
+            "touches .git/"
+        );
         assert!(check_relative("").is_err());
     }
 

@@ -100,7 +100,10 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
     // SAFETY: `fds` is a valid two-element buffer.
     let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
     if rc != 0 {
-        return Err(SandboxError::io("creating output pipe", std::io::Error::last_os_error()));
+        return Err(SandboxError::io(
+            "creating output pipe",
+            std::io::Error::last_os_error(),
+        ));
     }
     // SAFETY: pipe2 returned two fresh descriptors that we now own.
     let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
@@ -132,7 +135,8 @@ fn drain(fd: &OwnedFd, buf: &mut [u8], sink: &mut TailBuffer) -> bool {
             return false;
         }
         let err = std::io::Error::last_os_error();
-        return err.raw_os_error() == Some(libc::EINTR) || err.kind() == std::io::ErrorKind::WouldBlock;
+        return err.raw_os_error() == Some(libc::EINTR)
+            || err.kind() == std::io::ErrorKind::WouldBlock;
     }
 }
 
@@ -195,7 +199,10 @@ pub fn run_jailed(
     isolation::attach(&mut command, setup);
     let start = Instant::now();
     let mut child = command.spawn().map_err(|e| {
-        SandboxError::io(format!("starting {} in the sandbox", cmd.program.display()), e)
+        SandboxError::io(
+            format!("starting {} in the sandbox", cmd.program.display()),
+            e,
+        )
     })?;
     // The parent's copies of the write end were moved into `command`; drop them now so that
     // end of file arrives once the tree is gone.

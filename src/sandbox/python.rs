@@ -98,7 +98,10 @@ fn explicit_interpreter(p: &Path, sandbox_uid: bool) -> Result<Interpreter> {
     } else if p.is_file() {
         (p.to_path_buf(), None)
     } else {
-        return Err(SandboxError::Interpreter(format!("{} does not exist", p.display())));
+        return Err(SandboxError::Interpreter(format!(
+            "{} does not exist",
+            p.display()
+        )));
     };
     if sandbox_uid && !world_executable(&program) {
         return Err(SandboxError::Interpreter(format!(

@@ -152,10 +152,19 @@ mod tests {
             repo: "astropy/astropy".into(),
             version: Some("4.3".into()),
             runner: Runner::Pytest,
-            args: Some(vec!["-m".into(), "pytest".into(), "-rA".into(), "-p".into(), "no:cacheprovider".into()]),
+            args: Some(vec![
+                "-m".into(),
+                "pytest".into(),
+                "-rA".into(),
+                "-p".into(),
+                "no:cacheprovider".into(),
+            ]),
         });
         assert_eq!(t.lookup("django/django", None).runner, Runner::Pytest);
-        assert_eq!(t.lookup("django/django", None).args, Runner::Pytest.default_args());
+        assert_eq!(
+            t.lookup("django/django", None).args,
+            Runner::Pytest.default_args()
+        );
         assert_eq!(t.lookup("synth/calc-1", None).runner, Runner::Unittest);
         assert_eq!(t.lookup("astropy/astropy", Some("4.3")).args.len(), 5);
         assert_eq!(t.lookup("astropy/astropy", Some("5.0")).args.len(), 3);

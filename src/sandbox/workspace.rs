@@ -6,6 +6,7 @@ use crate::sandbox::cleanup::{self, Tracked};
 use crate::sandbox::error::{Result, SandboxError};
 use crate::sandbox::isolation::JailPaths;
 use crate::sandbox::uid::UidSlot;
+use crate::swe::repo::Snapshot;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -13,6 +14,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Where a workspace's repository comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum RepoSource<'a> {
+    /// A directory holding the repository at the right commit (copied without `.git`).
+    Dir(&'a Path),
+    /// A commit's tree read from a git mirror.
+    Snapshot(&'a Snapshot),
+}
 
 /// One run's scratch directory: `root/repo` (the working copy) and `root/tmp`.
 #[derive(Debug)]
@@ -25,15 +35,22 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    /// Creates a workspace under `base` holding a copy of `source` (without `.git`). As root,
-    /// reserves a dedicated uid and hands the copy to it.
+    /// Creates a workspace under `base` holding a copy of the directory `source` (without
+    /// `.git`). As root, reserves a dedicated uid and hands the copy to it.
     pub fn create(base: &Path, source: &Path) -> Result<Workspace> {
+        Workspace::create_from(base, RepoSource::Dir(source))
+    }
+
+    /// Creates a workspace under `base` holding `source`.
+    pub fn create_from(base: &Path, source: RepoSource<'_>) -> Result<Workspace> {
         cleanup::install_signal_handlers();
-        if !source.is_dir() {
-            return Err(SandboxError::io(
-                format!("repository {}", source.display()),
-                std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
-            ));
+        if let RepoSource::Dir(dir) = source {
+            if !dir.is_dir() {
+                return Err(SandboxError::io(
+                    format!("repository {}", dir.display()),
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+                ));
+            }
         }
         // SAFETY: geteuid has no preconditions.
         let slot = if unsafe { libc::geteuid() } == 0 {
@@ -62,7 +79,20 @@ impl Workspace {
         };
         // The umask could make the root unreachable for the sandbox uid.
         set_mode(&ws.root, 0o711)?;
-        copy_tree(source, &ws.repo)?;
+        match source {
+            RepoSource::Dir(dir) => copy_tree(dir, &ws.repo)?,
+            RepoSource::Snapshot(snap) => {
+                fs::create_dir(&ws.repo)
+                    .map_err(|e| SandboxError::io(format!("creating {}", ws.repo.display()), e))?;
+                set_mode(&ws.repo, 0o755)?;
+                snap.write_to(&ws.repo).map_err(|e| {
+                    SandboxError::io(
+                        format!("writing snapshot into {}", ws.repo.display()),
+                        std::io::Error::other(e.to_string()),
+                    )
+                })?;
+            }
+        }
         fs::DirBuilder::new()
             .mode(0o700)
             .create(&ws.tmp)
@@ -150,7 +180,9 @@ fn make_writable(p: &Path) {
 pub fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
     let io = |what: &str, p: &Path, e| SandboxError::io(format!("{what} {}", p.display()), e);
     fs::create_dir(dst).map_err(|e| io("creating", dst, e))?;
-    let mode = fs::metadata(src).map_err(|e| io("reading", src, e))?.permissions();
+    let mode = fs::metadata(src)
+        .map_err(|e| io("reading", src, e))?
+        .permissions();
     fs::set_permissions(dst, mode).map_err(|e| io("chmod", dst, e))?;
     for entry in fs::read_dir(src).map_err(|e| io("listing", src, e))? {
         let entry = entry.map_err(|e| io("listing", src, e))?;
@@ -191,9 +223,12 @@ fn copy_file(from: &Path, to: &Path) -> std::io::Result<()> {
 pub fn chown_tree(p: &Path, uid: u32, gid: u32) -> Result<()> {
     std::os::unix::fs::lchown(p, Some(uid), Some(gid))
         .map_err(|e| SandboxError::io(format!("chown {}", p.display()), e))?;
-    let m = fs::symlink_metadata(p).map_err(|e| SandboxError::io(format!("stat {}", p.display()), e))?;
+    let m = fs::symlink_metadata(p)
+        .map_err(|e| SandboxError::io(format!("stat {}", p.display()), e))?;
     if m.is_dir() {
-        for e in fs::read_dir(p).map_err(|e| SandboxError::io(format!("listing {}", p.display()), e))? {
+        for e in
+            fs::read_dir(p).map_err(|e| SandboxError::io(format!("listing {}", p.display()), e))?
+        {
             let e = e.map_err(|e| SandboxError::io(format!("listing {}", p.display()), e))?;
             chown_tree(&e.path(), uid, gid)?;
         }

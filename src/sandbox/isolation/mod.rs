@@ -218,7 +218,16 @@ pub struct JailPaths {
 
 /// System trees every run may read.
 pub const SYSTEM_READ: &[&str] = &[
-    "/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys/devices/system/cpu",
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/etc",
+    "/proc",
+    "/dev",
+    "/sys/devices/system/cpu",
 ];
 
 /// Device files every run may write.

@@ -33,7 +33,10 @@ pub fn socket_filter() -> Result<BpfProgram> {
             libc::AF_UNIX as u64,
         )
         .map_err(|e| err(&e))?;
-        Ok((sys, vec![SeccompRule::new(vec![cond]).map_err(|e| err(&e))?]))
+        Ok((
+            sys,
+            vec![SeccompRule::new(vec![cond]).map_err(|e| err(&e))?],
+        ))
     };
     let mut rules = BTreeMap::new();
     let (k, v) = not_unix(libc::SYS_socket)?;
@@ -47,7 +50,9 @@ pub fn socket_filter() -> Result<BpfProgram> {
         arch()?,
     )
     .map_err(|e| err(&e))?;
-    filter.try_into().map_err(|e: seccompiler::BackendError| err(&e))
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| err(&e))
 }
 
 /// True when the kernel accepts seccomp filters (`PR_GET_SECCOMP` works).
