@@ -9,7 +9,6 @@ use crate::sandbox::uid::kill_all_of_uid;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -172,6 +171,30 @@ fn kill_group(child: &Child) {
     }
 }
 
+/// Waits for `pid` (blocking, or not with `nohang`): its raw status and CPU seconds used by it
+/// and the descendants it reaped. `Ok(None)` when `nohang` and it is still running.
+fn wait4(pid: u32, nohang: bool) -> std::io::Result<Option<(libc::c_int, f64)>> {
+    loop {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value for the kernel to overwrite.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        let flags = if nohang { libc::WNOHANG } else { 0 };
+        // SAFETY: `status` and `ru` are valid out-pointers; `pid` is our unreaped child.
+        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, flags, &mut ru) };
+        if r == pid as libc::pid_t {
+            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            return Ok(Some((status, secs(ru.ru_utime) + secs(ru.ru_stime))));
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
 /// Runs `cmd` in `paths.repo` under `policy` and `limits`, as `uid` when given.
 pub fn run_jailed(
     cmd: &JailCommand,
@@ -198,7 +221,7 @@ pub fn run_jailed(
         .stderr(Stdio::from(write2));
     isolation::attach(&mut command, setup);
     let start = Instant::now();
-    let mut child = command.spawn().map_err(|e| {
+    let child = command.spawn().map_err(|e| {
         SandboxError::io(
             format!("starting {} in the sandbox", cmd.program.display()),
             e,
@@ -219,7 +242,7 @@ pub fn run_jailed(
         if now >= deadline {
             limits_hit.push(LimitHit::WallTime);
             kill_group(&child);
-            break child.wait();
+            break wait4(child.id(), false);
         }
         let wait = (deadline - now).min(if pidfd.is_some() {
             Duration::from_secs(10)
@@ -240,20 +263,29 @@ pub fn run_jailed(
             if sink.total() > limits.output_total {
                 limits_hit.push(LimitHit::Output);
                 kill_group(&child);
-                break child.wait();
+                break wait4(child.id(), false);
             }
         }
-        if exited || pidfd.is_none() {
-            match child.try_wait() {
-                Ok(Some(_)) | Err(_) => {
+        if exited {
+            // The top process is a zombie: kill the rest of its group, then reap it.
+            kill_group(&child);
+            break wait4(child.id(), false);
+        }
+        if pidfd.is_none() {
+            match wait4(child.id(), true) {
+                Ok(Some(done)) => {
+                    // Reaped: the group id stays reserved while members remain.
                     kill_group(&child);
-                    break child.wait();
+                    break Ok(Some(done));
                 }
+                Err(e) => break Err(e),
                 Ok(None) => {}
             }
         }
     };
-    let status = status.map_err(|e| SandboxError::io("waiting for the sandboxed process", e))?;
+    let (status, cpu_secs) = status
+        .map_err(|e| SandboxError::io("waiting for the sandboxed process", e))?
+        .unwrap_or((0, 0.0));
     // Whatever is left in the group or of the uid is killed; now collect the rest of the
     // output, giving up after a short grace if some process outside our reach holds the pipe.
     if let Some(u) = dropped_uid {
@@ -272,14 +304,19 @@ pub fn run_jailed(
             open = drain(&read_end, &mut buf, &mut sink);
         }
     }
-    let exit = match (status.code(), status.signal()) {
-        (Some(c), _) => ExitKind::Exited(c),
-        (None, Some(s)) => ExitKind::Signaled(s),
-        (None, None) => ExitKind::Exited(-1),
+    let exit = if libc::WIFSIGNALED(status) {
+        ExitKind::Signaled(libc::WTERMSIG(status))
+    } else {
+        ExitKind::Exited(libc::WEXITSTATUS(status))
     };
     match exit {
-        ExitKind::Signaled(libc::SIGXCPU) => limits_hit.push(LimitHit::CpuTime),
         ExitKind::Signaled(libc::SIGXFSZ) => limits_hit.push(LimitHit::FileSize),
+        // A PID namespace's init ignores SIGXCPU and dies of SIGKILL at the hard limit.
+        ExitKind::Signaled(libc::SIGXCPU | libc::SIGKILL)
+            if limits_hit.is_empty() && cpu_secs + 0.05 >= limits.cpu_secs as f64 =>
+        {
+            limits_hit.push(LimitHit::CpuTime)
+        }
         _ => {}
     }
     Ok(ProcessOutcome {
