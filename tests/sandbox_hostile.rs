@@ -12,7 +12,7 @@ use sorft::sandbox::process::{ExitKind, LimitHit};
 use std::time::{Duration, Instant};
 
 fn setup(name: &str) -> (tempfile::TempDir, sorft::sandbox::workspace::Workspace) {
-    let base = tempfile::tempdir().unwrap();
+    let base = scratch();
     let repo = tiny_repo(base.path());
     let ws = workspace(base.path(), &repo);
     let _ = name;
@@ -24,7 +24,9 @@ fn fork_bomb_is_contained() {
     let (_b, ws) = setup("fork_bomb");
     let Some((uid, _)) = ws.ids() else {
         report_missing("fork_bomb_is_contained");
-        eprintln!("SKIPPED fork_bomb_is_contained: no dedicated uid, so RLIMIT_NPROC is not proven");
+        eprintln!(
+            "SKIPPED fork_bomb_is_contained: no dedicated uid, so RLIMIT_NPROC is not proven"
+        );
         return;
     };
     let mut limits = tight();
@@ -48,11 +50,18 @@ fn fork_bomb_is_contained() {
         "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
         &limits,
     );
-    assert!(t.elapsed() < Duration::from_secs(8), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        t.elapsed()
+    );
     assert!(out.limits_hit.contains(&LimitHit::WallTime), "{out:?}");
     assert!(live_processes_of(uid).is_empty(), "fork bomb survived");
     // The host can still fork.
-    assert!(std::process::Command::new("/bin/true").status().unwrap().success());
+    assert!(std::process::Command::new("/bin/true")
+        .status()
+        .unwrap()
+        .success());
 }
 
 #[test]
@@ -78,7 +87,11 @@ fn sleeping_forever_is_killed_at_the_wall_clock_limit() {
     limits.wall = Duration::from_millis(800);
     let t = Instant::now();
     let out = sh(&ws, "sleep 1000", &limits);
-    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
     assert_eq!(out.limits_hit, vec![LimitHit::WallTime]);
     assert_eq!(out.exit, ExitKind::Signaled(libc::SIGKILL));
 }
@@ -94,7 +107,11 @@ fn memory_hog_fails_under_the_address_space_limit() {
         &limits,
     );
     assert!(!out.output.tail.contains("allocated 4 GiB"), "{out:?}");
-    assert!(out.output.tail.contains("MemoryError"), "{}", out.output.tail);
+    assert!(
+        out.output.tail.contains("MemoryError"),
+        "{}",
+        out.output.tail
+    );
     assert!(!out.success());
 }
 
@@ -109,7 +126,11 @@ fn a_gigabyte_of_output_is_capped_and_stopped() {
         &limits,
     );
     assert!(t.elapsed() < Duration::from_secs(6));
-    assert!(out.limits_hit.contains(&LimitHit::Output), "{:?}", out.limits_hit);
+    assert!(
+        out.limits_hit.contains(&LimitHit::Output),
+        "{:?}",
+        out.limits_hit
+    );
     assert!(out.output.truncated);
     assert!(out.output.tail.len() <= limits.output_tail);
     assert!(out.output.total_bytes < 1 << 30);
@@ -118,7 +139,7 @@ fn a_gigabyte_of_output_is_capped_and_stopped() {
 #[test]
 fn writes_outside_the_workspace_do_not_reach_the_host() {
     let host = HostSupport::get();
-    let base = tempfile::tempdir().unwrap();
+    let base = scratch();
     // The mirror lives outside the system temp dir, world-writable, so only Landlock (or the
     // namespaces hiding it) can protect it; a plain root-owned file is protected by the uid.
     let outside = outside_dir("writes");
@@ -147,8 +168,14 @@ fn writes_outside_the_workspace_do_not_reach_the_host() {
     let uid = out.layers.uid.is_some();
     let ns = out.layers.namespaces;
     if uid || landlock {
-        assert_eq!(std::fs::read_to_string(mirror.join("hello.txt")).unwrap(), "hello\n");
-        assert!(!std::path::Path::new(&home_file).exists(), "wrote into home");
+        assert_eq!(
+            std::fs::read_to_string(mirror.join("hello.txt")).unwrap(),
+            "hello\n"
+        );
+        assert!(
+            !std::path::Path::new(&home_file).exists(),
+            "wrote into home"
+        );
     }
     if landlock {
         assert_eq!(std::fs::read_to_string(&open_file).unwrap(), "original\n");
@@ -157,12 +184,19 @@ fn writes_outside_the_workspace_do_not_reach_the_host() {
         eprintln!("world-writable files outside the workspace are NOT protected without landlock");
     }
     if landlock || ns {
-        assert!(!std::path::Path::new(&host_tmp_file).exists(), "wrote into host /tmp");
+        assert!(
+            !std::path::Path::new(&host_tmp_file).exists(),
+            "wrote into host /tmp"
+        );
     } else {
         eprintln!("host /tmp is NOT protected without landlock or a mount namespace");
     }
     // The workspace copy itself is writable.
-    let own = py(&ws, "open('hello.txt', 'a').write('ok')\nprint('own ok')", &tight());
+    let own = py(
+        &ws,
+        "open('hello.txt', 'a').write('ok')\nprint('own ok')",
+        &tight(),
+    );
     assert!(own.output.tail.contains("own ok"), "{}", own.output.tail);
     let _ = std::fs::remove_file(&host_tmp_file);
     let _ = std::fs::remove_file(&home_file);
@@ -190,7 +224,12 @@ fn secrets_outside_the_workspace_cannot_be_read() {
     );
     let out = py(&ws, &code, &tight());
     eprintln!("{}", out.output.tail);
-    let leaked: Vec<&str> = out.output.tail.lines().filter(|l| l.contains(&secret)).collect();
+    let leaked: Vec<&str> = out
+        .output
+        .tail
+        .lines()
+        .filter(|l| l.contains(&secret))
+        .collect();
     if out.layers.landlock_abi.is_some() {
         assert!(leaked.is_empty(), "secret leaked: {leaked:?}");
     } else if out.layers.uid.is_some() {
@@ -233,7 +272,9 @@ fn killing_its_parent_does_not_reach_the_host() {
     let l = &out0.layers;
     if l.uid.is_none() && !l.landlock_abi.is_some_and(|v| v >= 6) {
         report_missing("killing_its_parent");
-        eprintln!("SKIPPED: neither a uid drop nor Landlock signal scoping; would kill the test runner");
+        eprintln!(
+            "SKIPPED: neither a uid drop nor Landlock signal scoping; would kill the test runner"
+        );
         return;
     }
     let me = std::process::id();
@@ -250,15 +291,27 @@ fn killing_its_parent_does_not_reach_the_host() {
 #[test]
 fn a_daemon_left_behind_is_gone_after_the_run() {
     let (_b, ws) = setup("daemon");
-    let marker = format!("{}.{}", 4000 + std::process::id() % 1000, std::process::id());
+    let marker = format!(
+        "{}.{}",
+        4000 + std::process::id() % 1000,
+        std::process::id()
+    );
     let code = format!(
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '{marker}'])\n    os._exit(0)\ntime.sleep(0.3)\nprint('parent exits')\n"
     );
     let out = py(&ws, &code, &tight());
-    assert!(out.output.tail.contains("parent exits"), "{}", out.output.tail);
+    assert!(
+        out.output.tail.contains("parent exits"),
+        "{}",
+        out.output.tail
+    );
     assert!(out.wall_secs < 3.0, "{out:?}");
     std::thread::sleep(Duration::from_millis(50));
-    assert!(processes_with(&marker).is_empty(), "daemon survived: {:?}", processes_with(&marker));
+    assert!(
+        processes_with(&marker).is_empty(),
+        "daemon survived: {:?}",
+        processes_with(&marker)
+    );
     if let Some((uid, _)) = ws.ids() {
         assert!(live_processes_of(uid).is_empty());
     }
@@ -266,7 +319,7 @@ fn a_daemon_left_behind_is_gone_after_the_run() {
 
 #[test]
 fn patch_with_dotdot_paths_is_refused() {
-    let base = tempfile::tempdir().unwrap();
+    let base = scratch();
     let repo = base.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     let diff = "diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n--- /dev/null\n+++ b/../escape.txt\n@@ -0,0 +1 @@\n+pwned\n";
@@ -284,7 +337,7 @@ fn patch_with_dotdot_paths_is_refused() {
 
 #[test]
 fn patch_creating_a_symlink_to_root_then_writing_through_it_is_refused() {
-    let base = tempfile::tempdir().unwrap();
+    let base = scratch();
     let repo = base.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     let target = format!("sorft-link-escape-{}", std::process::id());
@@ -294,7 +347,10 @@ fn patch_creating_a_symlink_to_root_then_writing_through_it_is_refused() {
     let e = apply_diff(&repo, &diff, "model patch").unwrap_err();
     assert!(matches!(e, ApplyError::Unsafe { .. }), "{e}");
     assert!(!std::path::Path::new(&format!("/tmp/{target}")).exists());
-    assert!(std::fs::symlink_metadata(repo.join("root")).is_err(), "nothing written");
+    assert!(
+        std::fs::symlink_metadata(repo.join("root")).is_err(),
+        "nothing written"
+    );
     // A symlink already in the repository that points out is not written through either.
     std::os::unix::fs::symlink("/tmp", repo.join("out")).unwrap();
     let through = format!("--- /dev/null\n+++ b/out/{target}\n@@ -0,0 +1 @@\n+pwned\n");

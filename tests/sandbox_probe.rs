@@ -10,7 +10,7 @@ use sorft::sandbox::process::ExitKind;
 
 #[test]
 fn runs_as_dedicated_unprivileged_uid() {
-    let base = tempfile::tempdir().unwrap();
+    let base = scratch();
     let repo = tiny_repo(base.path());
     let ws = workspace(base.path(), &repo);
     let out = sh(&ws, "id -u; id -g; cat hello.txt", &tight());
@@ -35,7 +35,7 @@ fn runs_as_dedicated_unprivileged_uid() {
 
 #[test]
 fn process_limit_stops_a_burst_of_sleepers_and_nothing_is_left() {
-    let base = tempfile::tempdir().unwrap();
+    let base = scratch();
     let repo = tiny_repo(base.path());
     let ws = workspace(base.path(), &repo);
     let Some((uid, _)) = ws.ids() else {

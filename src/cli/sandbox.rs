@@ -8,6 +8,7 @@ use sorft::sandbox::predictions::read_predictions;
 use sorft::sandbox::python;
 use sorft::sandbox::runner::{MirrorRepos, RunResult, SandboxConfig};
 use sorft::sandbox::testcmd::CommandTable;
+use sorft::sandbox::workspace;
 use sorft::sandbox::Limits;
 use sorft::swe::instance::read_jsonl;
 use std::io::Write;
@@ -54,7 +55,7 @@ struct Common {
     /// Address-space limit per process, in MiB.
     #[arg(long, default_value_t = 4096)]
     memory_mb: u64,
-    /// Folder for the scratch workspaces (default: the system temp folder).
+    /// Folder for the scratch workspaces (default: /var/tmp/sorft-sandbox).
     #[arg(long)]
     work_dir: Option<PathBuf>,
     /// Refuse to run unless every isolation layer is available.
@@ -181,7 +182,7 @@ fn config(c: &Common) -> Result<SandboxConfig> {
         policy,
         python,
         commands,
-        work_dir: c.work_dir.clone().unwrap_or_else(std::env::temp_dir),
+        work_dir: c.work_dir.clone().unwrap_or_else(workspace::default_base),
     })
 }
 

@@ -24,6 +24,17 @@ pub enum RepoSource<'a> {
     Snapshot(&'a Snapshot),
 }
 
+/// The default folder for workspaces: `/var/tmp/sorft-sandbox` when `/var/tmp` exists (a
+/// workspace under `/tmp` would be hidden by the run's private `/tmp`), else the temp dir.
+pub fn default_base() -> PathBuf {
+    let var = Path::new("/var/tmp");
+    if var.is_dir() {
+        var.join("sorft-sandbox")
+    } else {
+        std::env::temp_dir().join("sorft-sandbox")
+    }
+}
+
 /// One run's scratch directory: `root/repo` (the working copy) and `root/tmp`.
 #[derive(Debug)]
 pub struct Workspace {
@@ -79,6 +90,19 @@ impl Workspace {
         };
         // The umask could make the root unreachable for the sandbox uid.
         set_mode(&ws.root, 0o711)?;
+        if ws.slot.is_some() {
+            if let Some(blocked) = unreachable_ancestor(&ws.root) {
+                return Err(SandboxError::io(
+                    format!(
+                        "workspace folder {} is not reachable by the sandbox uid ({} is not \
+                         searchable by others); choose another work dir",
+                        ws.root.display(),
+                        blocked.display()
+                    ),
+                    std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+                ));
+            }
+        }
         match source {
             RepoSource::Dir(dir) => copy_tree(dir, &ws.repo)?,
             RepoSource::Snapshot(snap) => {
@@ -154,6 +178,15 @@ impl Drop for Workspace {
             let _ = fs::remove_dir_all(&self.root);
         }
     }
+}
+
+/// The first ancestor of `p` that other users cannot search, if any.
+fn unreachable_ancestor(p: &Path) -> Option<PathBuf> {
+    let canon = p.canonicalize().ok()?;
+    canon
+        .ancestors()
+        .find(|a| fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
+        .map(Path::to_path_buf)
 }
 
 fn set_mode(p: &Path, mode: u32) -> Result<()> {

@@ -197,6 +197,8 @@ pub struct ActiveLayers {
     pub uid: Option<u32>,
     /// New namespaces were entered.
     pub namespaces: bool,
+    /// The workspace's temp dir is mounted on `/tmp`.
+    pub private_tmp: bool,
     /// Landlock ABI enforced.
     pub landlock_abi: Option<i32>,
     /// Seccomp socket filter installed.
@@ -254,7 +256,21 @@ pub(crate) fn prepare(
         _ => None,
     };
     let ns = match (policy.namespaces, &host.namespaces) {
-        (true, Ok(())) => Some(ns_setup(host.root, Some(&paths.tmp))?),
+        (true, Ok(())) => {
+            // Covering /tmp would hide a workspace that lives under it.
+            let private_tmp = !paths.repo.starts_with("/tmp");
+            if !private_tmp {
+                missing_list.push(missing(
+                    "private-tmp",
+                    "the workspace is under /tmp (use a work dir elsewhere, e.g. /var/tmp)",
+                ));
+            }
+            active.private_tmp = private_tmp;
+            Some(ns_setup(
+                host.root,
+                private_tmp.then_some(paths.tmp.as_path()),
+            )?)
+        }
         (true, Err(e)) => {
             missing_list.push(missing("namespaces", e));
             None
