@@ -226,6 +226,9 @@ fn run_jobs(
             }
         }
     });
+    if sorft::sandbox::cleanup::interrupted() {
+        bail!("interrupted: runs stopped and workspaces removed");
+    }
     if let Some(e) = write_err {
         return Err(e).context("writing results");
     }

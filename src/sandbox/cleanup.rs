@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 
 #[derive(Debug)]
@@ -15,6 +15,12 @@ enum Entry {
 static NEXT: AtomicU64 = AtomicU64::new(0);
 static LIVE: Mutex<Option<HashMap<u64, Entry>>> = Mutex::new(None);
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// True once SIGINT, SIGTERM or SIGHUP arrived: no new run should start.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
 
 /// Registration of a live resource; unregisters on drop.
 #[derive(Debug)]
@@ -105,6 +111,12 @@ pub fn install_signal_handlers() {
                 // SAFETY: reading one byte into a local.
                 let n = unsafe { libc::read(reader, (&mut b as *mut u8).cast(), 1) };
                 if n == 1 {
+                    // Flag first: a run that sees its process die checks the flag and stops.
+                    INTERRUPTED.store(true, Ordering::SeqCst);
+                    cleanup_all();
+                    // Give the main thread a moment to exit with its own error; catch
+                    // anything registered meanwhile, then die of the signal.
+                    std::thread::sleep(std::time::Duration::from_millis(300));
                     cleanup_all();
                     // SAFETY: restore the default action and re-raise so the exit status
                     // reports the signal.

@@ -43,6 +43,9 @@ pub enum SandboxError {
         /// What is wrong, naming the line or field.
         message: String,
     },
+    /// A fatal signal (Ctrl-C) arrived; no new run starts.
+    #[error("interrupted")]
+    Interrupted,
     /// No free sandbox uid slot could be reserved.
     #[error("no free sandbox uid slot (all {0} in use)")]
     NoUidSlot(u32),

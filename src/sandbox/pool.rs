@@ -37,6 +37,9 @@ pub fn run_all(
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
+                if crate::sandbox::cleanup::interrupted() {
+                    break;
+                }
                 let r = run_instance(cfg, repos, &job.instance, &job.model, &job.patch);
                 if tx.send((i, r)).is_err() {
                     break;

@@ -5,7 +5,7 @@ use crate::sandbox::capture::{CapturedOutput, TailBuffer};
 use crate::sandbox::error::{Result, SandboxError};
 use crate::sandbox::isolation::{self, ActiveLayers, JailPaths, Policy};
 use crate::sandbox::limits::Limits;
-use crate::sandbox::uid::kill_all_of_uid;
+use crate::sandbox::uid::{kill_all_of_uid, kill_pass};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -203,8 +203,12 @@ pub fn run_jailed(
     limits: &Limits,
     uid: Option<(u32, u32)>,
 ) -> Result<ProcessOutcome> {
+    if crate::sandbox::cleanup::interrupted() {
+        return Err(SandboxError::Interrupted);
+    }
     let (setup, layers) = isolation::prepare(policy, limits, uid, paths)?;
     let dropped_uid = layers.uid;
+    let pid_namespace = layers.namespaces;
     let (read_end, write_end) = pipe()?;
     let write2 = write_end
         .try_clone()
@@ -289,7 +293,14 @@ pub fn run_jailed(
     // Whatever is left in the group or of the uid is killed; now collect the rest of the
     // output, giving up after a short grace if some process outside our reach holds the pipe.
     if let Some(u) = dropped_uid {
-        kill_all_of_uid(u);
+        if pid_namespace && limits_hit.is_empty() {
+            // The run ended by itself: its init exited only after every process of the PID
+            // namespace was gone, so one pass guards against the impossible. (When we killed
+            // the tree, processes may still be dying: sweep until they are gone.)
+            kill_pass(u);
+        } else {
+            kill_all_of_uid(u);
+        }
     }
     let grace = Instant::now() + Duration::from_millis(200);
     let mut leftover_writer = false;

@@ -67,47 +67,98 @@ impl UidSlot {
 
 impl Drop for UidSlot {
     fn drop(&mut self) {
-        kill_all_of_uid(self.uid);
+        // Runs sweep thoroughly themselves; this pass is the last guard before the uid is
+        // handed to another run (which sweeps thoroughly on acquire, too).
+        kill_pass(self.uid);
     }
 }
 
-/// Kills every process whose real or saved uid is `uid`, repeating until none is left
-/// (a fork bomb may fork between two sweeps). Needs root; a no-op otherwise.
+/// Live (non-zombie) processes with `uid` as real, effective or saved uid, from `/proc`
+/// (the `Uid:` line, which stays right for processes that made themselves non-dumpable).
+pub fn processes_of(uid: u32) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // /proc/<pid> belongs to the effective uid, or to root for a non-dumpable process.
+        if !e.metadata().is_ok_and(|m| m.uid() == uid || m.uid() == 0) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let mut ours = false;
+        let mut zombie = false;
+        for line in status.lines() {
+            if let Some(rest) = line.strip_prefix("State:") {
+                zombie = rest.trim_start().starts_with(['Z', 'X']);
+            } else if let Some(rest) = line.strip_prefix("Uid:") {
+                let ids: Vec<u32> = rest
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                ours = ids.iter().take(3).any(|&u| u == uid);
+                break;
+            }
+        }
+        if ours && !zombie {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kills every process of `uid` (real or saved uid), repeating until none is left: a fork
+/// bomb may fork between two passes. Needs root; returns false when processes remain.
 pub fn kill_all_of_uid(uid: u32) -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || uid == 0 {
         return false;
     }
-    // SAFETY: the child makes only async-signal-safe calls (setresuid, kill, nanosleep,
-    // _exit) and never returns into Rust code.
+    // One pass unconditionally (it is cheap), then repeat while anything is left.
+    kill_pass(uid);
+    for _ in 0..200 {
+        if processes_of(uid).is_empty() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        kill_pass(uid);
+    }
+    processes_of(uid).is_empty()
+}
+
+/// One `kill(-1, SIGKILL)` issued as `uid` (root only): the kernel signals, in one sweep, exactly the
+/// processes that `uid` may signal (its own), never the caller.
+pub fn kill_pass(uid: u32) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || uid == 0 {
+        return;
+    }
+    // SAFETY: the child makes only async-signal-safe calls (setresuid, kill, _exit) and never
+    // returns into Rust code.
     unsafe {
         let pid = libc::fork();
         if pid == 0 {
             if libc::setresuid(uid, uid, uid) != 0 {
                 libc::_exit(2);
             }
-            // kill(-1) as `uid` reaches exactly the processes of `uid` (not itself).
-            let pause = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 2_000_000,
-            };
-            for _ in 0..50 {
-                if libc::kill(-1, libc::SIGKILL) != 0 {
-                    libc::_exit(0);
-                }
-                libc::nanosleep(&pause, std::ptr::null_mut());
-            }
-            libc::_exit(1);
+            libc::kill(-1, libc::SIGKILL);
+            libc::_exit(0);
         }
         if pid < 0 {
-            return false;
+            return;
         }
         let mut status = 0;
         while libc::waitpid(pid, &mut status, 0) < 0 {
             if *libc::__errno_location() != libc::EINTR {
-                return false;
+                return;
             }
         }
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
     }
 }

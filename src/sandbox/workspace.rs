@@ -55,6 +55,9 @@ impl Workspace {
     /// Creates a workspace under `base` holding `source`.
     pub fn create_from(base: &Path, source: RepoSource<'_>) -> Result<Workspace> {
         cleanup::install_signal_handlers();
+        if cleanup::interrupted() {
+            return Err(SandboxError::Interrupted);
+        }
         if let RepoSource::Dir(dir) = source {
             if !dir.is_dir() {
                 return Err(SandboxError::io(
@@ -168,9 +171,9 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        // Kill what is left of the uid before deleting its files (UidSlot's drop sweeps too).
+        // Kill what is left of the uid before deleting its files.
         if let Some(s) = &self.slot {
-            crate::sandbox::uid::kill_all_of_uid(s.uid);
+            crate::sandbox::uid::kill_pass(s.uid);
         }
         if fs::remove_dir_all(&self.root).is_err() {
             // A run may have removed permissions from its own directories.
