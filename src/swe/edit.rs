@@ -296,8 +296,16 @@ pub fn blocks_from_texts(path: &str, old: &str, new: &str, context: usize) -> Ve
     let mut blocks = Vec::new();
     for h in hunks {
         // Old range [o0, o1), new range [n0, n1) of the hunk (0-based).
-        let o0 = if h.old_lines == 0 { h.old_start } else { h.old_start - 1 };
-        let n0 = if h.new_lines == 0 { h.new_start } else { h.new_start - 1 };
+        let o0 = if h.old_lines == 0 {
+            h.old_start
+        } else {
+            h.old_start - 1
+        };
+        let n0 = if h.new_lines == 0 {
+            h.new_start
+        } else {
+            h.new_start - 1
+        };
         let (mut a, mut b) = (o0, o0 + h.old_lines);
         let (mut c, mut d) = (n0, n0 + h.new_lines);
         loop {

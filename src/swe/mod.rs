@@ -3,7 +3,14 @@
 //!
 //! Nothing here knows about models; everything is testable on its own.
 
+pub mod answer;
+pub mod codemap;
 pub mod diff;
 pub mod edit;
 pub mod instance;
+pub mod prompt;
 pub mod repo;
+pub mod reward;
+pub mod subtask;
+pub mod synth;
+pub mod truth;
