@@ -47,6 +47,13 @@ pub struct CommandEntry {
     /// Arguments replacing the runner's defaults (the test files are appended).
     #[serde(default)]
     pub args: Option<Vec<String>>,
+    /// Append the test patch's files (true, SWE-bench's way) or run the whole suite (false).
+    #[serde(default = "yes")]
+    pub pass_files: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A resolved test command: interpreter arguments (the files are appended at run time).
@@ -56,13 +63,17 @@ pub struct TestCommand {
     pub runner: Runner,
     /// Arguments after the interpreter.
     pub args: Vec<String>,
+    /// Whether the test files are appended.
+    pub pass_files: bool,
 }
 
 impl TestCommand {
     /// The full argument list for these test files.
     pub fn args_for(&self, test_files: &[String]) -> Vec<String> {
         let mut a = self.args.clone();
-        a.extend(test_files.iter().cloned());
+        if self.pass_files {
+            a.extend(test_files.iter().cloned());
+        }
         a
     }
 }
@@ -85,6 +96,8 @@ impl Default for CommandTable {
                 version: None,
                 runner: Runner::Unittest,
                 args: None,
+                // The generator's PASS_TO_PASS spans the whole suite: run it all.
+                pass_files: false,
             }],
         }
     }
@@ -132,10 +145,12 @@ impl CommandTable {
             Some((_, e)) => TestCommand {
                 runner: e.runner,
                 args: e.args.clone().unwrap_or_else(|| e.runner.default_args()),
+                pass_files: e.pass_files,
             },
             None => TestCommand {
                 runner: Runner::Pytest,
                 args: Runner::Pytest.default_args(),
+                pass_files: true,
             },
         }
     }
@@ -152,6 +167,7 @@ mod tests {
             repo: "astropy/astropy".into(),
             version: Some("4.3".into()),
             runner: Runner::Pytest,
+            pass_files: true,
             args: Some(vec![
                 "-m".into(),
                 "pytest".into(),
@@ -170,5 +186,10 @@ mod tests {
         assert_eq!(t.lookup("astropy/astropy", Some("5.0")).args.len(), 3);
         let c = t.lookup("x/y", None);
         assert_eq!(c.args_for(&["t.py".into()]).last().unwrap(), "t.py");
+        let s = t.lookup("synth/pkg", None);
+        assert_eq!(
+            s.args_for(&["t.py".into()]),
+            Runner::Unittest.default_args()
+        );
     }
 }
