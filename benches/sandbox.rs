@@ -18,7 +18,6 @@ use sorft::sandbox::runner::{run_instance, MirrorRepos, RepoProvider, SandboxCon
 use sorft::sandbox::testcmd::CommandTable;
 use sorft::sandbox::workspace::{default_base, Workspace};
 use sorft::sandbox::Limits;
-use sorft::swe::diff::unified_diff;
 use sorft::swe::instance::Instance;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -26,76 +25,16 @@ use std::time::{Duration, Instant};
 
 const N: usize = 100;
 
-fn module(fixed: &[bool]) -> String {
-    let mut s = String::new();
-    for (i, ok) in fixed.iter().enumerate() {
-        let body = if *ok { "a + b" } else { "a + b + 1" };
-        s.push_str(&format!("def f{i}(a, b):\n    return {body}\n\n\n"));
-    }
-    s
-}
-
-fn test_file(i: usize) -> String {
-    format!(
-        "import unittest\n\nfrom lib import f{i}\n\n\nclass TestF{i}(unittest.TestCase):\n    def test_f{i}(self):\n        self.assertEqual(f{i}(2, 3), 5)\n\n    def test_f{i}_type(self):\n        self.assertIsInstance(f{i}(2, 3), int)\n"
-    )
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args([
-            "-c",
-            "user.name=b",
-            "-c",
-            "user.email=b@b",
-            "-c",
-            "commit.gpgsign=false",
-        ])
-        .args(args)
-        .output()
-        .expect("git");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// One mirror `synth/bench` with N buggy functions; instance i fixes f{i} and adds its test.
-fn generate(repos: &Path) -> Vec<Instance> {
-    let dir = repos.join("synth__bench");
-    std::fs::create_dir_all(dir.join("tests")).unwrap();
-    let buggy = vec![false; N];
-    std::fs::write(dir.join("lib.py"), module(&buggy)).unwrap();
-    std::fs::write(dir.join("tests/__init__.py"), "").unwrap();
-    git(&dir, &["init", "-q"]);
-    git(&dir, &["add", "-A"]);
-    git(&dir, &["commit", "-qm", "base"]);
-    let base = git(&dir, &["rev-parse", "HEAD"]);
-    (0..N)
-        .map(|i| {
-            let mut fixed = buggy.clone();
-            fixed[i] = true;
-            let path = format!("tests/test_f{i}.py");
-            Instance {
-                instance_id: format!("synth__bench-{i}"),
-                repo: "synth/bench".into(),
-                base_commit: base.clone(),
-                patch: unified_diff("lib.py", &module(&buggy), &module(&fixed)),
-                test_patch: format!(
-                    "diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n{}",
-                    unified_diff(&path, "", &test_file(i))
-                        .lines()
-                        .skip_while(|l| !l.starts_with("@@"))
-                        .map(|l| format!("{l}\n"))
-                        .collect::<String>()
-                ),
-                fail_to_pass: vec![format!("tests.test_f{i}.TestF{i}.test_f{i}")],
-                pass_to_pass: vec![format!("tests.test_f{i}.TestF{i}.test_f{i}_type")],
-                version: "1.0".into(),
-                ..Instance::default()
-            }
-        })
-        .collect()
+/// 100 instances from the task generator (`sorft::swe::synth`), with their git mirrors.
+fn generate(out: &Path) -> Vec<Instance> {
+    let cfg = sorft::swe::synth::SynthConfig {
+        n: N,
+        seed: 1,
+        ..Default::default()
+    };
+    sorft::swe::synth::generate(&cfg, out, &|_| {})
+        .expect("task generator (needs python3 and git)")
+        .instances
 }
 
 fn bare(python: &Path, dir: &Path, args: &[String]) {
@@ -124,7 +63,13 @@ fn main() {
     let repos = scratch.path().join("repos");
     let work = scratch.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    let instances = generate(&repos);
+    let t = Instant::now();
+    let instances = generate(scratch.path());
+    println!(
+        "generated {} instances in {:.1} s",
+        instances.len(),
+        t.elapsed().as_secs_f64()
+    );
     let cfg = SandboxConfig {
         limits: Limits {
             wall: Duration::from_secs(60),
@@ -240,7 +185,11 @@ fn main() {
         .map(|(k, i)| {
             let d = scratch.path().join(format!("bare-{k}"));
             std::fs::create_dir_all(&d).unwrap();
-            snap.write_to(&d).unwrap();
+            mirrors
+                .snapshot(&i.repo, &i.base_commit)
+                .unwrap()
+                .write_to(&d)
+                .unwrap();
             sorft::sandbox::apply::apply_diff(&d, &i.patch, "patch").unwrap();
             sorft::sandbox::apply::apply_diff(&d, &i.test_patch, "test patch").unwrap();
             let a = CommandTable::default()

@@ -34,7 +34,7 @@ impl Default for Limits {
             nproc: 64,
             file_size: 256 << 20,
             open_files: 256,
-            output_tail: 256 << 10,
+            output_tail: 2 << 20,
             output_total: 64 << 20,
         }
     }
