@@ -33,7 +33,7 @@ impl Default for Limits {
             address_space: 4 << 30,
             nproc: 64,
             file_size: 256 << 20,
-            open_files: 256,
+            open_files: 1024,
             output_tail: 2 << 20,
             output_total: 64 << 20,
         }

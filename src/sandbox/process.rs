@@ -46,6 +46,10 @@ pub enum LimitHit {
     FileSize,
     /// More output than `output_total`; the tree was killed.
     Output,
+    /// RLIMIT_AS, inferred from the log (`MemoryError`, `Cannot allocate memory`).
+    Memory,
+    /// RLIMIT_NPROC, inferred from the log (a refused fork).
+    Processes,
 }
 
 /// The outcome of one jailed command.
@@ -330,11 +334,18 @@ pub fn run_jailed(
         }
         _ => {}
     }
+    let output = sink.finish();
+    if output.tail.contains("MemoryError") || output.tail.contains("Cannot allocate memory") {
+        limits_hit.push(LimitHit::Memory);
+    }
+    if output.tail.contains("Cannot fork") || output.tail.contains("fork: Resource temporarily") {
+        limits_hit.push(LimitHit::Processes);
+    }
     Ok(ProcessOutcome {
         exit,
         wall_secs: start.elapsed().as_secs_f64(),
         limits_hit,
-        output: sink.finish(),
+        output,
         layers,
         leftover_writer,
     })
