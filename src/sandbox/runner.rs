@@ -211,15 +211,23 @@ fn run_phases(
             return;
         }
     }
+    let mut written: Vec<String> = r
+        .apply
+        .as_ref()
+        .map(|a| a.files.clone())
+        .unwrap_or_default();
     if !inst.test_patch.trim().is_empty() {
-        if let Err(e) = apply::apply_diff(ws.repo(), &inst.test_patch, "test patch") {
-            r.status = RunStatus::TestPatchFailed;
-            r.error = Some(e.to_string());
-            r.timings.apply = t1.elapsed().as_secs_f64();
-            return;
+        match apply::apply_diff(ws.repo(), &inst.test_patch, "test patch") {
+            Ok(a) => written.extend(a.files),
+            Err(e) => {
+                r.status = RunStatus::TestPatchFailed;
+                r.error = Some(e.to_string());
+                r.timings.apply = t1.elapsed().as_secs_f64();
+                return;
+            }
         }
     }
-    if let Err(e) = ws.hand_over() {
+    if let Err(e) = ws.hand_over_paths(&written) {
         r.error = Some(e.to_string());
         return;
     }

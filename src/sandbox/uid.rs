@@ -53,7 +53,16 @@ impl UidSlot {
             let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
             if rc == 0 {
                 let uid = UID_BASE + n;
-                kill_all_of_uid(uid);
+                // Leftovers of a crashed earlier holder: one pass kills them all (dumpable or
+                // not); wait until the visible ones are gone.
+                kill_pass(uid);
+                for _ in 0..200 {
+                    if !any_dumpable_process_of(uid) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    kill_pass(uid);
+                }
                 return Ok(UidSlot {
                     uid,
                     gid: uid,
@@ -71,6 +80,25 @@ impl Drop for UidSlot {
         // handed to another run (which sweeps thoroughly on acquire, too).
         kill_pass(self.uid);
     }
+}
+
+/// True when a live process of effective uid `uid` owns its `/proc` entry (a quick check that
+/// reads no file for other users' processes).
+fn any_dumpable_process_of(uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        e.metadata().is_ok_and(|m| m.uid() == uid)
+            && e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+            && std::fs::read_to_string(e.path().join("stat")).is_ok_and(|st| {
+                st.rsplit_once(')')
+                    .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+            })
+    })
 }
 
 /// Live (non-zombie) processes with `uid` as real, effective or saved uid, from `/proc`

@@ -167,14 +167,31 @@ impl Workspace {
         }
         Ok(())
     }
+
+    /// Hands the files the host wrote (repository-relative paths) and their folders to the
+    /// run's uid; paths that no longer exist are skipped.
+    pub fn hand_over_paths(&self, files: &[String]) -> Result<()> {
+        let Some(s) = &self.slot else {
+            return Ok(());
+        };
+        for f in files {
+            let mut p = self.repo.join(f);
+            while p.starts_with(&self.repo) && p != self.repo {
+                if fs::symlink_metadata(&p).is_ok() {
+                    std::os::unix::fs::lchown(&p, Some(s.uid), Some(s.gid))
+                        .map_err(|e| SandboxError::io(format!("chown {}", p.display()), e))?;
+                }
+                if !p.pop() {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        // Kill what is left of the uid before deleting its files.
-        if let Some(s) = &self.slot {
-            crate::sandbox::uid::kill_pass(s.uid);
-        }
         if fs::remove_dir_all(&self.root).is_err() {
             // A run may have removed permissions from its own directories.
             make_writable(&self.root);
