@@ -7,5 +7,6 @@ pub mod engine;
 pub mod model;
 pub mod pipeline;
 pub mod rft;
+pub mod sandbox;
 pub mod swe;
 pub mod train;

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod data;
 pub mod generate;
 pub mod model;
+pub mod sandbox;
 pub mod score;
 pub mod sft;
 
@@ -38,6 +39,8 @@ pub enum Command {
     Data(data::DataArgs),
     /// Supervised fine-tuning on chat JSONL (full or LoRA).
     Sft(sft::SftArgs),
+    /// Apply patches and run repository tests isolated, graded like SWE-bench.
+    Sandbox(sandbox::SandboxArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -64,5 +67,6 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Data(a) => data::run(a),
         Command::Sft(a) => sft::run(a),
+        Command::Sandbox(a) => sandbox::run(a),
     }
 }

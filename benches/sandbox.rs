@@ -1,0 +1,221 @@
+//! Sandbox overhead and throughput.
+//!
+//! - per run: the same unittest command run bare (plain `Command`, no isolation) vs inside the
+//!   jail (all layers the host has) vs a whole instance run (workspace, apply, jail, grade,
+//!   cleanup); the overhead is jailed - bare.
+//! - throughput: 100 generated instances (gold patches) at parallelism = cores, against the
+//!   same 100 test commands run bare at the same parallelism.
+//!
+//! `cargo bench --bench sandbox`. Numbers are reported as ratios to the bare reference
+//! measured in the same run.
+
+use criterion::Criterion;
+use sorft::sandbox::isolation::{HostSupport, Policy};
+use sorft::sandbox::pool::{run_all, Job, Summary};
+use sorft::sandbox::process::{run_jailed, JailCommand};
+use sorft::sandbox::python;
+use sorft::sandbox::runner::{run_instance, MirrorRepos, RepoProvider, SandboxConfig};
+use sorft::sandbox::testcmd::CommandTable;
+use sorft::sandbox::workspace::{default_base, Workspace};
+use sorft::sandbox::Limits;
+use sorft::swe::instance::Instance;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const N: usize = 100;
+
+/// 100 instances from the task generator (`sorft::swe::synth`), with their git mirrors.
+fn generate(out: &Path) -> Vec<Instance> {
+    let cfg = sorft::swe::synth::SynthConfig {
+        n: N,
+        seed: 1,
+        ..Default::default()
+    };
+    sorft::swe::synth::generate(&cfg, out, &|_| {})
+        .expect("task generator (needs python3 and git)")
+        .instances
+}
+
+fn bare(python: &Path, dir: &Path, args: &[String]) {
+    let out = Command::new(python)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn main() {
+    let host = HostSupport::get();
+    let interp = python::resolve(None, host.root).expect("python3");
+    let base = default_base();
+    std::fs::create_dir_all(&base).unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("sorft-bench-")
+        .tempdir_in(base.parent().unwrap())
+        .unwrap();
+    let repos = scratch.path().join("repos");
+    let work = scratch.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let t = Instant::now();
+    let instances = generate(scratch.path());
+    println!(
+        "generated {} instances in {:.1} s",
+        instances.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let cfg = SandboxConfig {
+        limits: Limits {
+            wall: Duration::from_secs(60),
+            ..Limits::default()
+        },
+        policy: Policy::default(),
+        python: interp.clone(),
+        commands: CommandTable::default(),
+        work_dir: work.clone(),
+    };
+    let mirrors = MirrorRepos::new(&repos);
+    // A fixed repository state for the per-run comparison: instance 0 with gold + test patch.
+    let inst = &instances[0];
+    let plain = scratch.path().join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    let snap = mirrors.snapshot(&inst.repo, &inst.base_commit).unwrap();
+    snap.write_to(&plain).unwrap();
+    sorft::sandbox::apply::apply_diff(&plain, &inst.patch, "patch").unwrap();
+    sorft::sandbox::apply::apply_diff(&plain, &inst.test_patch, "test patch").unwrap();
+    let args = CommandTable::default()
+        .lookup(&inst.repo, None)
+        .args_for(&sorft::sandbox::apply::test_files(&inst.test_patch));
+    let ws = Workspace::create(&work, &plain).unwrap();
+    let jcmd = JailCommand {
+        program: interp.program.clone(),
+        args: args.iter().map(Into::into).collect(),
+        env: vec![],
+    };
+    let paths = ws.jail_paths(interp.read_roots.clone());
+    println!("layers: {:?}", host);
+
+    let mut c = Criterion::default()
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(4))
+        .warm_up_time(Duration::from_secs(1));
+    let mut g = c.benchmark_group("sandbox_per_run");
+    g.bench_function("bare_command", |b| {
+        b.iter(|| bare(&interp.program, &plain, &args))
+    });
+    g.bench_function("jailed_command", |b| {
+        b.iter(|| {
+            let o = run_jailed(&jcmd, &paths, &cfg.policy, &cfg.limits, ws.ids()).unwrap();
+            assert!(o.success(), "{}", o.output.tail);
+        })
+    });
+    g.bench_function("full_instance_run", |b| {
+        b.iter(|| {
+            let r = run_instance(&cfg, &mirrors, inst, "gold", &inst.patch);
+            assert!(r.resolved, "{:?}", r.error);
+        })
+    });
+    g.finish();
+    drop(ws);
+
+    // Means measured directly for the ratio report (same process, same state).
+    let mean = |f: &mut dyn FnMut(), n: usize| -> f64 {
+        let t = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        t.elapsed().as_secs_f64() / n as f64
+    };
+    let ws = Workspace::create(&work, &plain).unwrap();
+    let paths = ws.jail_paths(interp.read_roots.clone());
+    let bare_s = mean(&mut || bare(&interp.program, &plain, &args), 20);
+    let jail_s = mean(
+        &mut || {
+            run_jailed(&jcmd, &paths, &cfg.policy, &cfg.limits, ws.ids()).unwrap();
+        },
+        20,
+    );
+    let full_s = mean(
+        &mut || {
+            run_instance(&cfg, &mirrors, inst, "gold", &inst.patch);
+        },
+        20,
+    );
+    drop(ws);
+    println!(
+        "per run: bare {:.1} ms, jailed {:.1} ms (x{:.2}, overhead {:+.1} ms), full instance {:.1} ms (x{:.2}, overhead {:+.1} ms)",
+        bare_s * 1e3,
+        jail_s * 1e3,
+        jail_s / bare_s,
+        (jail_s - bare_s) * 1e3,
+        full_s * 1e3,
+        full_s / bare_s,
+        (full_s - bare_s) * 1e3
+    );
+
+    // Throughput on the 100 generated instances at parallelism = cores.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs: Vec<Job> = instances
+        .iter()
+        .map(|i| Job {
+            instance: i.clone(),
+            model: "gold".into(),
+            patch: i.patch.clone(),
+        })
+        .collect();
+    let t = Instant::now();
+    let results = run_all(&cfg, &mirrors, &jobs, cores, |_| {});
+    let sandbox_s = t.elapsed().as_secs_f64();
+    let s = Summary::of(&results);
+    assert_eq!(
+        s.resolved, N,
+        "every gold patch resolves: {:?}",
+        s.unresolved_ids
+    );
+    // Bare reference: the same 100 test commands in prepared plain copies, same parallelism.
+    let dirs: Vec<(PathBuf, Vec<String>)> = instances
+        .iter()
+        .enumerate()
+        .map(|(k, i)| {
+            let d = scratch.path().join(format!("bare-{k}"));
+            std::fs::create_dir_all(&d).unwrap();
+            mirrors
+                .snapshot(&i.repo, &i.base_commit)
+                .unwrap()
+                .write_to(&d)
+                .unwrap();
+            sorft::sandbox::apply::apply_diff(&d, &i.patch, "patch").unwrap();
+            sorft::sandbox::apply::apply_diff(&d, &i.test_patch, "test patch").unwrap();
+            let a = CommandTable::default()
+                .lookup(&i.repo, None)
+                .args_for(&sorft::sandbox::apply::test_files(&i.test_patch));
+            (d, a)
+        })
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let t = Instant::now();
+    std::thread::scope(|sc| {
+        for _ in 0..cores {
+            sc.spawn(|| loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((d, a)) = dirs.get(k) else { break };
+                bare(&interp.program, d, a);
+            });
+        }
+    });
+    let bare_batch = t.elapsed().as_secs_f64();
+    println!(
+        "throughput ({N} instances, {cores} workers): sandbox {:.1} runs/s, bare commands {:.1} runs/s (x{:.2} of bare); {}/{} resolved",
+        N as f64 / sandbox_s,
+        N as f64 / bare_batch,
+        bare_batch / sandbox_s,
+        s.resolved,
+        s.total
+    );
+}
