@@ -1,6 +1,7 @@
 //! Reinforcement fine-tuning: advantages, KL estimators, the PPO / GRPO / RLOO objectives.
 
 pub mod advantage;
+pub mod eval;
 pub mod kl;
 pub mod openai;
 pub mod ppo;

@@ -1,0 +1,102 @@
+//! The Agentless evaluation chain with an oracle that answers every stage from ground truth:
+//! every stage hits, every gold edit applies, and the sandbox resolves every instance. A second
+//! run with an answerer that says nothing useful resolves nothing.
+
+use sorft::rft::eval::{evaluate, Answerer, EvalConfig};
+use sorft::swe::edit::render_blocks;
+use sorft::swe::subtask::{Subtask, SubtaskRecord};
+use sorft::swe::synth::{generate, SynthConfig};
+
+struct Oracle;
+
+impl Answerer for Oracle {
+    fn answer(
+        &mut self,
+        recs: &[&SubtaskRecord],
+        n: usize,
+        _t: f32,
+        _s: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        Ok(recs
+            .iter()
+            .map(|r| {
+                let t = &r.truth;
+                let text = match r.subtask {
+                    Subtask::File => format!("```\n{}\n```", t.files.join("\n")),
+                    Subtask::Function => {
+                        let mut s = String::from("```\n");
+                        for f in &t.functions {
+                            s.push_str(&format!("{}\n{}: {}\n", f.path, f.kind.word(), f.name));
+                        }
+                        s + "```"
+                    }
+                    Subtask::Line => {
+                        let mut s = String::from("```\n");
+                        for l in &t.lines {
+                            s.push_str(&format!("{}\nline: {}\n", l.path, l.line));
+                        }
+                        s + "```"
+                    }
+                    Subtask::Edit => render_blocks(&t.edits),
+                };
+                vec![text; n]
+            })
+            .collect())
+    }
+}
+
+struct Silent;
+
+impl Answerer for Silent {
+    fn answer(
+        &mut self,
+        recs: &[&SubtaskRecord],
+        n: usize,
+        _t: f32,
+        _s: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        Ok(recs
+            .iter()
+            .map(|_| vec!["I do not know.".to_string(); n])
+            .collect())
+    }
+}
+
+#[test]
+fn an_oracle_resolves_everything_and_silence_resolves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = generate(
+        &SynthConfig {
+            n: 3,
+            seed: 21,
+            ..Default::default()
+        },
+        dir.path(),
+        &|_| {},
+    )
+    .unwrap();
+    let cfg = EvalConfig {
+        edit_samples: 2,
+        workers: 2,
+        test_timeout: 60.0,
+        ..Default::default()
+    };
+    let repos = dir.path().join("repos");
+    let (outs, sum) = evaluate(&mut Oracle, &report.instances, &repos, &cfg, &mut |_| {}).unwrap();
+    assert_eq!(outs.len(), 3);
+    for st in ["file", "function", "line", "edit"] {
+        assert_eq!(sum.hit_rate[st], 100.0, "{st}: {sum:?}");
+    }
+    assert_eq!(sum.applied_pct, 100.0, "{outs:?}");
+    assert_eq!(sum.resolved_pct, 100.0, "{outs:?}");
+    for o in &outs {
+        assert!(o.patch.contains("+++ b/"), "{}", o.patch);
+    }
+    let (outs, sum) = evaluate(&mut Silent, &report.instances, &repos, &cfg, &mut |_| {}).unwrap();
+    assert_eq!(sum.hit_rate["file"], 0.0);
+    assert_eq!(sum.applied_pct, 0.0);
+    assert_eq!(sum.resolved_pct, 0.0);
+    assert!(outs
+        .iter()
+        .all(|o| o.patch.is_empty() && !o.rewards.contains_key("function")));
+}
