@@ -4,6 +4,7 @@
 //! Nothing here knows about models; everything is testable on its own.
 
 pub mod answer;
+pub mod bm25;
 pub mod codemap;
 pub mod diff;
 pub mod edit;
