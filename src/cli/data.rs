@@ -57,6 +57,9 @@ pub enum DataCommand {
         /// Output JSONL file.
         #[arg(long)]
         out: PathBuf,
+        /// Non-target files (BM25 matches of the issue) added to function-localization prompts.
+        #[arg(long, default_value_t = 0)]
+        distractors: usize,
     },
     /// Summarise an instance file or a subtask file.
     Stats {
@@ -90,7 +93,8 @@ pub fn run(args: DataArgs) -> Result<()> {
             instances,
             repos,
             out,
-        } => subtasks_cmd(&instances, &repos, &out),
+            distractors,
+        } => subtasks_cmd(&instances, &repos, &out, distractors),
         DataCommand::Stats { file } => stats_cmd(&file),
     }
 }
@@ -158,16 +162,23 @@ fn synth_cmd(
     Ok(())
 }
 
-fn records_for(inst: &Instance, store: &RepoStore) -> Result<Vec<SubtaskRecord>> {
+fn records_for(
+    inst: &Instance,
+    store: &RepoStore,
+    opts: &subtask::RecordOptions,
+) -> Result<Vec<SubtaskRecord>> {
     let snap = store
         .snapshot(&inst.repo, &inst.base_commit)
         .with_context(|| format!("instance {}", inst.instance_id))?;
     let gt = truth::ground_truth(&inst.patch, &snap)
         .with_context(|| format!("instance {}", inst.instance_id))?;
-    Ok(subtask::training_records(inst, &snap, &gt))
+    Ok(subtask::training_records_with(inst, &snap, &gt, opts))
 }
 
-fn subtasks_cmd(instances: &Path, repos: &Path, out: &Path) -> Result<()> {
+fn subtasks_cmd(instances: &Path, repos: &Path, out: &Path, distractors: usize) -> Result<()> {
+    let opts = subtask::RecordOptions {
+        distractor_files: distractors,
+    };
     let list = instance::read_jsonl(instances)?;
     if !repos.is_dir() {
         bail!("--repos {}: not a folder", repos.display());
@@ -177,7 +188,7 @@ fn subtasks_cmd(instances: &Path, repos: &Path, out: &Path) -> Result<()> {
     let results: Vec<Result<Vec<SubtaskRecord>>> = list
         .par_iter()
         .map(|inst| {
-            let r = records_for(inst, &store);
+            let r = records_for(inst, &store, &opts);
             pb.inc(1);
             r
         })

@@ -261,7 +261,7 @@ fn line_candidates(lines: &[&str], i: usize, ctx: &Ctx<'_>, out: &mut Vec<Mutati
             body.starts_with("raise ") || body.starts_with("return") || body == "continue";
         let prev_opens = i > 0 && lines[i - 1].trim_end().ends_with(':');
         let after_continues = !after.trim().is_empty() && indent(after) == indent(line);
-        if body_simple && indent(lines[i + 1]) > indent(line) && !(prev_opens && !after_continues) {
+        if body_simple && indent(lines[i + 1]) > indent(line) && (!prev_opens || after_continues) {
             let after_is_else =
                 after.trim_start().starts_with("else") || after.trim_start().starts_with("elif");
             if !after_is_else {
