@@ -2,8 +2,10 @@
 
 pub mod bench;
 pub mod data;
+pub mod eval;
 pub mod generate;
 pub mod model;
+pub mod repro;
 pub mod sandbox;
 pub mod score;
 pub mod sft;
@@ -27,6 +29,10 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The whole SoRFT reproduction on the embedded default (data, SFT, RL, evaluation, report).
+    Repro(repro::ReproArgs),
+    /// Evaluate a model with the Agentless pipeline end to end.
+    Eval(eval::EvalArgs),
     /// Generate text from a model.
     Generate(generate::GenerateArgs),
     /// Per-token log-probabilities of a text.
@@ -61,6 +67,8 @@ pub fn init_logging(verbose: u8) {
 /// Runs one subcommand.
 pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
+        Command::Repro(a) => repro::run(a),
+        Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Model(a) => model::run(a),

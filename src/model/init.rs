@@ -20,7 +20,8 @@ use crate::model::weights::{save_safetensors, write_atomic, HostTensor};
 pub const EMBEDDED_CORPUS: &str = include_str!("../../assets/corpus.txt");
 
 /// A named model size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Preset {
     /// For tests: under 1 MB of weights.
     Tiny,

@@ -1,3 +1,5 @@
 //! Orchestration of whole runs (`sorft repro`) and their reports.
 
+pub mod config;
 pub mod plot;
+pub mod repro;

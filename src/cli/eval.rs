@@ -1,0 +1,71 @@
+//! `sorft eval`: the Agentless pipeline end to end on a model and a set of instances.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use sorft::engine::Cpu;
+use sorft::model::load_dir;
+use sorft::rft::eval::{evaluate, EvalConfig, ModelAnswerer};
+use sorft::swe::instance::read_jsonl;
+
+/// Arguments of `sorft eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// SWE-bench instances (JSONL).
+    #[arg(long)]
+    pub instances: PathBuf,
+    /// Folder of git mirrors (`owner__name`).
+    #[arg(long)]
+    pub repos: PathBuf,
+    /// Predictions in SWE-bench's format are written here; a summary beside it.
+    #[arg(long, default_value = "predictions.jsonl")]
+    pub out: PathBuf,
+    /// Edit samples per instance.
+    #[arg(long, default_value_t = 4)]
+    pub samples: usize,
+    /// Temperature of the edit samples.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Most new tokens per answer.
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Skip the repository tests (hit rates and %Applied only).
+    #[arg(long)]
+    pub no_tests: bool,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Runs `sorft eval`.
+pub fn run(a: EvalArgs) -> Result<()> {
+    let (model, tok) = load_dir(&Cpu, &a.model)?;
+    let tok = tok.with_context(|| format!("{}: tokenizer.json is needed", a.model.display()))?;
+    let instances = read_jsonl(&a.instances)?;
+    let cfg = EvalConfig {
+        edit_samples: a.samples,
+        temperature: a.temperature,
+        max_new_tokens: a.max_new_tokens,
+        run_tests: !a.no_tests,
+        seed: a.seed,
+        ..EvalConfig::default()
+    };
+    let mut ans = ModelAnswerer { model: &model, tok: &tok, cfg: &cfg };
+    let (outcomes, summary) = evaluate(&mut ans, &instances, &a.repos, &cfg, &mut |s| eprintln!("{s}"))?;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&a.out).with_context(|| a.out.display().to_string())?);
+    let name = a.model.display().to_string();
+    for o in &outcomes {
+        writeln!(f, "{}", serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": name, "model_patch": o.patch}))?;
+    }
+    f.flush()?;
+    let sum_path = a.out.with_extension("summary.json");
+    std::fs::write(&sum_path, serde_json::to_string_pretty(&summary)?)?;
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(())
+}

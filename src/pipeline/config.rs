@@ -1,0 +1,258 @@
+//! The configuration of `sorft repro`: every knob, with defaults embedded in the binary, read
+//! from one TOML file (partial files are fine) and overridden by `--set key=value` flags. The
+//! effective configuration is printed at start and saved beside the outputs.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::init::Preset;
+use crate::rft::eval::EvalConfig;
+use crate::rft::rl::RlConfig;
+
+/// The synthetic task set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    /// Instances generated.
+    pub instances: usize,
+    /// Instances per repository.
+    pub per_repo: usize,
+    /// Fraction of repositories held out for evaluation.
+    pub heldout_fraction: f64,
+    /// Time limit of one validation test run, seconds.
+    pub test_timeout: f64,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            instances: 48,
+            per_repo: 3,
+            heldout_fraction: 0.25,
+            test_timeout: 20.0,
+        }
+    }
+}
+
+/// The model and its warm-up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// Size preset.
+    pub preset: Preset,
+    /// Warm-up epochs of causal language modelling on the training repositories' code.
+    pub warmup_epochs: u64,
+    /// Warm-up learning rate.
+    pub warmup_lr: f32,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            preset: Preset::Small,
+            warmup_epochs: 2,
+            warmup_lr: 2e-3,
+        }
+    }
+}
+
+/// Stage 1: rejection-sampled fine-tuning.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Stage1Config {
+    /// Teacher samples per subtask prompt.
+    pub samples_per_prompt: usize,
+    /// Softness of the built-in teacher.
+    pub teacher_temperature: f64,
+    /// SFT epochs.
+    pub epochs: u64,
+    /// SFT learning rate.
+    pub lr: f32,
+    /// Tokens per packed micro-batch.
+    pub batch_tokens: usize,
+    /// Longest example in tokens.
+    pub max_len: usize,
+}
+
+impl Default for Stage1Config {
+    fn default() -> Self {
+        Self {
+            samples_per_prompt: 4,
+            teacher_temperature: 0.7,
+            epochs: 3,
+            lr: 1e-3,
+            batch_tokens: 4096,
+            max_len: 2048,
+        }
+    }
+}
+
+/// Every knob of `sorft repro`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReproConfig {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// The task set.
+    pub data: DataConfig,
+    /// The model.
+    pub model: ModelSection,
+    /// Stage 1.
+    pub stage1: Stage1Config,
+    /// Stage 2.
+    pub stage2: RlConfig,
+    /// Evaluation.
+    pub eval: EvalConfig,
+}
+
+impl Default for ReproConfig {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            data: DataConfig::default(),
+            model: ModelSection::default(),
+            stage1: Stage1Config::default(),
+            stage2: RlConfig {
+                steps: 12,
+                prompts_per_step: 8,
+                group_size: 4,
+                lr: 2e-4,
+                max_new_tokens: 96,
+                max_prompt_tokens: 2048,
+                ..RlConfig::default()
+            },
+            eval: EvalConfig {
+                edit_samples: 2,
+                max_new_tokens: 128,
+                ..EvalConfig::default()
+            },
+        }
+    }
+}
+
+impl ReproConfig {
+    /// The 2-minute variant for CI: the tiny model and a handful of instances.
+    pub fn quick() -> Self {
+        let mut c = Self::default();
+        c.data.instances = 8;
+        c.data.heldout_fraction = 0.34;
+        c.model.preset = Preset::Tiny;
+        c.model.warmup_epochs = 1;
+        c.stage1.samples_per_prompt = 2;
+        c.stage1.epochs = 1;
+        c.stage1.max_len = 1536;
+        c.stage2.steps = 2;
+        c.stage2.prompts_per_step = 4;
+        c.stage2.group_size = 2;
+        c.stage2.max_new_tokens = 48;
+        c.stage2.max_prompt_tokens = 1536;
+        c.eval.edit_samples = 1;
+        c.eval.max_new_tokens = 64;
+        c.eval.max_prompt_tokens = 1536;
+        c
+    }
+
+    /// Defaults (or the quick variant), then a TOML file, then `key=value` overrides.
+    pub fn load(quick: bool, file: Option<&Path>, sets: &[String]) -> anyhow::Result<Self> {
+        let base = if quick { Self::quick() } else { Self::default() };
+        let mut v = toml::Value::try_from(&base)?;
+        if let Some(p) = file {
+            let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            let user: toml::Value = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", p.display(), one_line(&e.to_string())))?;
+            merge(&mut v, user);
+        }
+        for s in sets {
+            let (key, val) = s
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--set {s:?}: expected key=value"))?;
+            let parsed: toml::Value = toml::from_str(&format!("x = {val}"))
+                .ok()
+                .and_then(|t: toml::Table| t.get("x").cloned())
+                .unwrap_or_else(|| toml::Value::String(val.to_string()));
+            set_path(&mut v, key.trim(), parsed).map_err(|e| anyhow::anyhow!("--set {s:?}: {e}"))?;
+        }
+        let cfg: ReproConfig = v
+            .try_into()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("configuration: {}", one_line(&e.to_string())))?;
+        Ok(cfg)
+    }
+
+    /// The configuration as TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn merge(base: &mut toml::Value, over: toml::Value) {
+    match (base, over) {
+        (toml::Value::Table(b), toml::Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+fn set_path(v: &mut toml::Value, key: &str, val: toml::Value) -> Result<(), String> {
+    let mut cur = v;
+    let parts: Vec<&str> = key.split('.').collect();
+    for (i, p) in parts.iter().enumerate() {
+        let table = cur.as_table_mut().ok_or_else(|| format!("{} is not a section", parts[..i].join(".")))?;
+        if i + 1 == parts.len() {
+            if !table.contains_key(*p) {
+                return Err(format!("unknown key {key}"));
+            }
+            table.insert(p.to_string(), val);
+            return Ok(());
+        }
+        cur = table.get_mut(*p).ok_or_else(|| format!("unknown section {}", parts[..=i].join(".")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_and_flags_override_defaults_and_typos_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "seed = 9\n[stage2]\nalgorithm = \"ppo\"\nsteps = 3\n").unwrap();
+        let c = ReproConfig::load(false, Some(&p), &["stage1.epochs=7".into(), "eval.temperature=0.5".into()]).unwrap();
+        assert_eq!(c.seed, 9);
+        assert_eq!(c.stage2.steps, 3);
+        assert_eq!(c.stage2.algorithm, crate::rft::rl::Algorithm::Ppo);
+        assert_eq!(c.stage1.epochs, 7);
+        assert_eq!(c.eval.temperature, 0.5);
+        assert_eq!(c.stage2.group_size, ReproConfig::default().stage2.group_size);
+        let back = ReproConfig::load(false, None, &[]).unwrap();
+        assert_eq!(back, ReproConfig::default());
+        assert!(ReproConfig::load(false, None, &["stage2.stepz=1".into()]).is_err());
+        std::fs::write(&p, "[stage2]\nstepz = 3\n").unwrap();
+        let e = ReproConfig::load(false, Some(&p), &[]).unwrap_err().to_string();
+        assert!(e.contains("stepz"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn the_effective_configuration_round_trips_through_toml() {
+        let c = ReproConfig::quick();
+        let text = c.to_toml();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, &text).unwrap();
+        assert_eq!(ReproConfig::load(false, Some(&p), &[]).unwrap(), c);
+    }
+}

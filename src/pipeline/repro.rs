@@ -1,0 +1,375 @@
+//! `sorft repro`: the whole SoRFT loop on the embedded default, in one command.
+//!
+//! data (synthetic task set, split by repository) -> model (tokenizer trained on the training
+//! repositories, random Qwen2-architecture weights) -> warm-up (causal LM on the training code)
+//! -> stage 1 (built-in teacher, rejection filter, SFT) -> stage 2 (RL with rule-based rewards)
+//! -> evaluation of the three checkpoints on the held-out repositories -> report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::engine::{Cpu, SamplingParams};
+use crate::model::chat::{self, Message};
+use crate::model::generate::{generate, GenOptions, GenRequest};
+use crate::model::init::{init_model, EMBEDDED_CORPUS};
+use crate::model::{load_dir, Model, Tokenizer};
+use crate::pipeline::config::ReproConfig;
+use crate::pipeline::plot::{bar_chart, line_chart, Series};
+use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
+use crate::rft::rl::{export_policy, RlItem, RlMetrics, RlTrainer};
+use crate::rft::teacher::{rejection_filter, Acceptance, BuiltinTeacher, Teacher, TeacherItem};
+use crate::swe::instance::{write_jsonl, Instance};
+use crate::swe::repo::{RepoStore, Snapshot};
+use crate::swe::subtask::{training_records, Subtask, SubtaskRecord};
+use crate::swe::synth::{generate as synth, SynthConfig};
+use crate::swe::truth::ground_truth;
+use crate::train::sft::{run_sft, Resume, SftConfig, SftEvent};
+
+/// Results of one evaluated checkpoint.
+#[derive(Clone, Debug, Serialize)]
+pub struct StageResult {
+    /// `initial`, `sft` or `sft+rl`.
+    pub stage: String,
+    /// Mean reward per subtask on held-out ground-truth prompts (greedy).
+    pub subtask_reward: BTreeMap<String, f64>,
+    /// Mean of those.
+    pub mean_reward: f64,
+    /// The end-to-end Agentless evaluation.
+    pub pipeline: EvalSummary,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReproSummary {
+    /// Per stage.
+    pub stages: Vec<StageResult>,
+    /// Stage-1 acceptance per subtask.
+    pub acceptance: BTreeMap<String, Acceptance>,
+    /// RL metrics per step.
+    pub rl: Vec<RlMetrics>,
+    /// Seconds per phase.
+    pub seconds: BTreeMap<String, f64>,
+    /// Training and held-out instances.
+    pub instances: (usize, usize),
+}
+
+struct Status {
+    bar: indicatif::ProgressBar,
+    t0: Instant,
+}
+
+impl Status {
+    fn new() -> Self {
+        let bar = indicatif::ProgressBar::new(7);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("[{elapsed_precise}] {bar:20} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        Self { bar, t0: Instant::now() }
+    }
+    fn phase(&self, msg: &str) {
+        self.bar.inc(1);
+        self.bar.set_message(msg.to_string());
+        self.bar.println(format!("[{:>6.1}s] {msg}", self.t0.elapsed().as_secs_f64()));
+    }
+    fn detail(&self, msg: String) {
+        self.bar.set_message(msg);
+    }
+}
+
+fn write_text(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| path.display().to_string())
+}
+
+fn chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| path.display().to_string())?);
+    for c in convs {
+        writeln!(f, "{}", serde_json::json!({ "messages": c }))?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+fn sft(status: &Status, label: &str, cfg: SftConfig) -> anyhow::Result<PathBuf> {
+    let stop = AtomicBool::new(false);
+    let out = cfg.out.clone();
+    let res = run_sft(&Cpu, &cfg, Resume::No, &stop, &mut |e| {
+        if let SftEvent::Step(m) = e {
+            status.detail(format!("{label}: step {} loss {:.3} {:.0} tok/s", m.step, m.loss, m.tokens_per_s));
+        }
+    })?;
+    res.final_dir.with_context(|| format!("{}: the run exported no model", out.display()))
+}
+
+/// Greedy answers to ground-truth prompts, scored: mean reward per subtask.
+fn subtask_rewards(model: &Model<Cpu>, tok: &Tokenizer, recs: &[SubtaskRecord], cfg: &ReproConfig) -> anyhow::Result<BTreeMap<String, f64>> {
+    let mut reqs = Vec::new();
+    let mut which = Vec::new();
+    for (i, r) in recs.iter().enumerate() {
+        let (ids, _) = chat::encode(tok, &[Message::new("user", &r.prompt)], true)?;
+        if ids.len() > cfg.eval.max_prompt_tokens {
+            continue;
+        }
+        reqs.push(GenRequest {
+            prompt: ids,
+            params: SamplingParams::greedy(),
+            max_new_tokens: cfg.eval.max_new_tokens,
+            stop_ids: tok.stop_ids(),
+            stop_strings: Vec::new(),
+        });
+        which.push(i);
+    }
+    let outs = generate(model, Some(tok), &reqs, &GenOptions { max_batch: cfg.eval.batch, progress: false })?;
+    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for r in recs {
+        sums.entry(r.subtask.name().into()).or_default().1 += 1;
+    }
+    for (o, &i) in outs.iter().zip(&which) {
+        let r = &recs[i];
+        sums.entry(r.subtask.name().into()).or_default().0 += r.reward(&o.text, cfg.stage2.edit_reward).reward;
+    }
+    Ok(sums.into_iter().map(|(k, (s, n))| (k, s / n.max(1) as f64)).collect())
+}
+
+/// Runs the whole reproduction into `out`.
+pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> {
+    std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+    write_text(&out.join("config.toml"), &cfg.to_toml())?;
+    let status = Status::new();
+    let mut seconds = BTreeMap::new();
+    let mut metrics = std::io::BufWriter::new(std::fs::File::create(out.join("metrics.jsonl"))?);
+
+    // ---- data ----
+    let t = Instant::now();
+    status.phase("data: generating the synthetic task set");
+    let data = out.join("data");
+    let report = synth(
+        &SynthConfig {
+            n: cfg.data.instances,
+            seed: cfg.seed,
+            per_repo: cfg.data.per_repo,
+            test_timeout: std::time::Duration::from_secs_f64(cfg.data.test_timeout),
+        },
+        &data,
+        &|k| status.detail(format!("data: {k}/{} instances", cfg.data.instances)),
+    )?;
+    let repos: BTreeSet<String> = report.instances.iter().map(|i| i.repo.clone()).collect();
+    let repos: Vec<String> = repos.into_iter().collect();
+    let n_held = ((repos.len() as f64 * cfg.data.heldout_fraction).ceil() as usize).clamp(1, repos.len().saturating_sub(1).max(1));
+    let held_repos: BTreeSet<&String> = repos.iter().rev().take(n_held).collect();
+    let (held, train): (Vec<Instance>, Vec<Instance>) = report.instances.iter().cloned().partition(|i| held_repos.contains(&i.repo));
+    if train.is_empty() || held.is_empty() {
+        anyhow::bail!("data: {} instances in {} repositories cannot be split into training and held-out sets", report.instances.len(), repos.len());
+    }
+    write_jsonl(&data.join("train.jsonl"), &train)?;
+    write_jsonl(&data.join("heldout.jsonl"), &held)?;
+    let store = RepoStore::new(data.join("repos"));
+    let snapshot = |i: &Instance| -> anyhow::Result<Snapshot> { Ok(store.snapshot(&i.repo, &i.base_commit)?) };
+    let mut train_items: Vec<RlItem> = Vec::new();
+    let mut code_files: BTreeMap<String, String> = BTreeMap::new();
+    for inst in &train {
+        let snap = snapshot(inst)?;
+        let gt = ground_truth(&inst.patch, &snap)?;
+        for p in snap.paths() {
+            if p.ends_with(".py") {
+                if let Some(text) = snap.text(p) {
+                    code_files.insert(format!("{}/{p}", inst.repo), text.to_string());
+                }
+            }
+        }
+        for r in training_records(inst, &snap, &gt) {
+            train_items.push(RlItem { record: r, problem: inst.problem_statement.clone() });
+        }
+    }
+    let mut held_records = Vec::new();
+    for inst in &held {
+        let snap = snapshot(inst)?;
+        let gt = ground_truth(&inst.patch, &snap)?;
+        held_records.extend(training_records(inst, &snap, &gt));
+    }
+    seconds.insert("data".to_string(), t.elapsed().as_secs_f64());
+
+    // ---- model ----
+    let t = Instant::now();
+    status.phase("model: tokenizer and random initialisation");
+    let mut corpus = vec![EMBEDDED_CORPUS.to_string()];
+    corpus.extend(code_files.values().cloned());
+    corpus.extend(train_items.iter().take(64).map(|i| i.record.prompt.clone()));
+    let initial = out.join("models").join("random");
+    init_model(cfg.model.preset, &initial, cfg.seed, &corpus)?;
+
+    // ---- warm-up ----
+    status.phase("warm-up: causal language modelling on the training repositories");
+    let warm_data = out.join("warmup.jsonl");
+    let convs: Vec<Vec<Message>> = code_files
+        .iter()
+        .map(|(p, text)| vec![Message::new("user", &format!("Show the file {p}.")), Message::new("assistant", text)])
+        .collect();
+    chat_jsonl(&warm_data, &convs)?;
+    let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32| {
+        let mut c = SftConfig {
+            model: model.to_path_buf(),
+            data: data.to_path_buf(),
+            out: out.join(dir),
+            epochs,
+            batch_tokens: cfg.stage1.batch_tokens,
+            max_len: cfg.stage1.max_len,
+            eval_fraction: 0.05,
+            save_every: 0,
+            keep_last: 1,
+            seed: cfg.seed,
+            ..SftConfig::default()
+        };
+        c.optim.lr = lr;
+        c
+    };
+    let warm = sft(&status, "warm-up", sft_cfg(&initial, &warm_data, "warmup", cfg.model.warmup_epochs, cfg.model.warmup_lr))?;
+    seconds.insert("model+warmup".to_string(), t.elapsed().as_secs_f64());
+
+    // ---- stage 1 ----
+    let t = Instant::now();
+    status.phase("stage 1: teacher chains of thought, rejection filter, SFT");
+    let items: Vec<TeacherItem> = train_items.iter().map(|i| TeacherItem { record: &i.record, problem: &i.problem }).collect();
+    let mut teacher = BuiltinTeacher { temperature: cfg.stage1.teacher_temperature };
+    let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
+    let (kept, acceptance) = rejection_filter(&items, &samples, cfg.stage2.edit_reward);
+    for (k, a) in &acceptance {
+        writeln!(metrics, "{}", serde_json::json!({"stage": "stage1", "subtask": k, "sampled": a.sampled, "passed": a.passed, "kept": a.kept}))?;
+    }
+    let s1_data = out.join("stage1_sft.jsonl");
+    chat_jsonl(&s1_data, &kept)?;
+    let sft_dir = sft(&status, "stage 1", sft_cfg(&warm, &s1_data, "stage1", cfg.stage1.epochs, cfg.stage1.lr))?;
+    seconds.insert("stage1".to_string(), t.elapsed().as_secs_f64());
+
+    // ---- stage 2 ----
+    let t = Instant::now();
+    status.phase("stage 2: reinforcement learning with rule-based rewards");
+    let (mut policy, tok) = load_dir(&Cpu, &sft_dir)?;
+    let tok = tok.context("stage 1 output has no tokenizer")?;
+    let (reference, _) = load_dir(&Cpu, &sft_dir)?;
+    let mut rl_cfg = cfg.stage2.clone();
+    rl_cfg.seed = cfg.seed;
+    let mut trainer = RlTrainer::new(&policy, &tok, &train_items, rl_cfg)?;
+    let mut rl_metrics = Vec::new();
+    for s in 0..cfg.stage2.steps {
+        let m = trainer.step(&mut policy, &reference, &tok, &train_items)?;
+        status.detail(format!(
+            "stage 2: step {}/{} reward {:.3} kl {:.4} entropy {:.2}",
+            s + 1,
+            cfg.stage2.steps,
+            m.reward_mean,
+            m.kl,
+            m.entropy
+        ));
+        let mut v = serde_json::to_value(&m)?;
+        v["stage"] = "stage2".into();
+        writeln!(metrics, "{v}")?;
+        metrics.flush()?;
+        rl_metrics.push(m);
+    }
+    let rl_dir = out.join("stage2").join("final");
+    export_policy(&policy, &sft_dir, &rl_dir)?;
+    drop(policy);
+    drop(reference);
+    seconds.insert("stage2".to_string(), t.elapsed().as_secs_f64());
+
+    // ---- evaluation ----
+    let t = Instant::now();
+    status.phase("evaluation: three checkpoints on the held-out repositories");
+    let mut stages = Vec::new();
+    for (name, dir) in [("initial", &warm), ("sft", &sft_dir), ("sft+rl", &rl_dir)] {
+        let (model, tok) = load_dir(&Cpu, dir)?;
+        let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
+        status.detail(format!("evaluation: {name}: subtask rewards"));
+        let subtask_reward = subtask_rewards(&model, &tok, &held_records, cfg)?;
+        let mean_reward = subtask_reward.values().sum::<f64>() / subtask_reward.len().max(1) as f64;
+        let mut ecfg = cfg.eval.clone();
+        ecfg.seed = cfg.seed;
+        let mut ans = ModelAnswerer { model: &model, tok: &tok, cfg: &ecfg };
+        let (outcomes, pipeline) = evaluate(&mut ans, &held, &data.join("repos"), &ecfg, &mut |s| status.detail(format!("evaluation: {name}: {s}")))?;
+        let preds = out.join(format!("predictions_{}.jsonl", name.replace('+', "_")));
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&preds)?);
+        for o in &outcomes {
+            writeln!(f, "{}", serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch}))?;
+        }
+        f.flush()?;
+        let r = StageResult { stage: name.to_string(), subtask_reward, mean_reward, pipeline };
+        let mut v = serde_json::to_value(&r)?;
+        v["stage"] = format!("eval:{name}").into();
+        writeln!(metrics, "{v}")?;
+        stages.push(r);
+    }
+    seconds.insert("eval".to_string(), t.elapsed().as_secs_f64());
+    metrics.flush()?;
+
+    // ---- report ----
+    status.phase("report");
+    let summary = ReproSummary { stages, acceptance, rl: rl_metrics, seconds, instances: (train.len(), held.len()) };
+    write_report(cfg, out, &summary)?;
+    status.bar.finish_and_clear();
+    Ok(summary)
+}
+
+fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Result<()> {
+    let steps: Vec<f64> = s.rl.iter().map(|m| m.step as f64).collect();
+    let series = |name: &str, f: &dyn Fn(&RlMetrics) -> f64| Series { name: name.into(), points: steps.iter().copied().zip(s.rl.iter().map(f)).collect() };
+    let mut reward = vec![series("mean", &|m| m.reward_mean)];
+    for st in Subtask::ALL {
+        let n = st.name();
+        reward.push(series(n, &|m| m.reward_by_subtask.get(n).copied().unwrap_or(f64::NAN)));
+    }
+    write_text(&out.join("rl_reward.svg"), &line_chart("Stage 2: reward per step", "step", "reward", &reward))?;
+    write_text(&out.join("rl_kl.svg"), &line_chart("Stage 2: KL to the reference", "step", "KL (nats/token)", &[series("kl", &|m| m.kl), series("approx kl (update)", &|m| m.approx_kl)]))?;
+    write_text(&out.join("rl_entropy.svg"), &line_chart("Stage 2: entropy", "step", "nats/token", &[series("entropy", &|m| m.entropy)]))?;
+    write_text(&out.join("rl_response_length.svg"), &line_chart("Stage 2: response length", "step", "tokens", &[series("length", &|m| m.response_len)]))?;
+    let cats: Vec<String> = Subtask::ALL.iter().map(|s| s.name().to_string()).collect();
+    let groups: Vec<String> = s.stages.iter().map(|r| r.stage.clone()).collect();
+    let hits: Vec<Vec<f64>> = s.stages.iter().map(|r| cats.iter().map(|c| r.pipeline.hit_rate.get(c).copied().unwrap_or(0.0)).collect()).collect();
+    write_text(&out.join("hit_rates.svg"), &bar_chart("Held-out hit rates per stage (Agentless chain)", "% of instances", &cats, &groups, &hits))?;
+    let rewards: Vec<Vec<f64>> = s.stages.iter().map(|r| cats.iter().map(|c| r.subtask_reward.get(c).copied().unwrap_or(0.0)).collect()).collect();
+    write_text(&out.join("subtask_rewards.svg"), &bar_chart("Held-out mean subtask reward per stage", "reward", &cats, &groups, &rewards))?;
+
+    let mut md = String::new();
+    md.push_str("# sorft repro report\n\n");
+    md.push_str(&format!(
+        "Seed {}, {:?} preset, {} training and {} held-out instances (split by repository), stage 2: {:?}, {} steps.\n\n",
+        cfg.seed, cfg.model.preset, s.instances.0, s.instances.1, cfg.stage2.algorithm, cfg.stage2.steps
+    ));
+    md.push_str("## Held-out results (Agentless pipeline, end to end)\n\n| stage | file hit % | function hit % | line hit % | edit hit % | %Applied | %Resolved |\n|---|---|---|---|---|---|---|\n");
+    for r in &s.stages {
+        let h = |k: &str| r.pipeline.hit_rate.get(k).copied().unwrap_or(0.0);
+        md.push_str(&format!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            r.stage, h("file"), h("function"), h("line"), h("edit"), r.pipeline.applied_pct, r.pipeline.resolved_pct
+        ));
+    }
+    md.push_str("\n## Held-out mean subtask reward (ground-truth prompts, greedy)\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n");
+    for r in &s.stages {
+        let g = |k: &str| r.subtask_reward.get(k).copied().unwrap_or(0.0);
+        md.push_str(&format!("| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n", r.stage, g("file"), g("function"), g("line"), g("edit"), r.mean_reward));
+    }
+    md.push_str("\n## Stage 1 rejection sampling\n\n| subtask | sampled | passed | kept |\n|---|---|---|---|\n");
+    for (k, a) in &s.acceptance {
+        md.push_str(&format!("| {k} | {} | {} | {} |\n", a.sampled, a.passed, a.kept));
+    }
+    md.push_str("\n## Stage 2 (per step)\n\n| step | reward | kl | entropy | clip frac | response len | rollout s | reward s | train s |\n|---|---|---|---|---|---|---|---|---|\n");
+    for m in &s.rl {
+        md.push_str(&format!(
+            "| {} | {:.3} | {:.4} | {:.3} | {:.3} | {:.1} | {:.1} | {:.2} | {:.1} |\n",
+            m.step, m.reward_mean, m.kl, m.entropy, m.clip_frac, m.response_len, m.time_rollout, m.time_reward, m.time_train
+        ));
+    }
+    md.push_str("\n## Wall time (seconds)\n\n");
+    for (k, v) in &s.seconds {
+        md.push_str(&format!("- {k}: {v:.1}\n"));
+    }
+    md.push_str("\nPlots: rl_reward.svg, rl_kl.svg, rl_entropy.svg, rl_response_length.svg, hit_rates.svg, subtask_rewards.svg. Metrics: metrics.jsonl. Configuration: config.toml.\n");
+    write_text(&out.join("report.md"), &md)
+}
