@@ -139,14 +139,19 @@ fn main() {
     };
     let (mut bare_v, mut jail_v, mut full_v, mut d_jail, mut d_full) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut setup_v, mut apply_v, mut tests_v) = (vec![], vec![], vec![]);
     for _ in 0..40 {
         let b = time(&mut || bare(&interp.program, &plain, &args));
         let j = time(&mut || {
             run_jailed(&jcmd, &paths, &cfg.policy, &cfg.limits, ws.ids()).unwrap();
         });
+        let mut phases = sorft::sandbox::runner::Timings::default();
         let f = time(&mut || {
-            run_instance(&cfg, &mirrors, inst, "gold", &inst.patch);
+            phases = run_instance(&cfg, &mirrors, inst, "gold", &inst.patch).timings;
         });
+        setup_v.push(phases.setup);
+        apply_v.push(phases.apply);
+        tests_v.push(phases.tests);
         bare_v.push(b);
         jail_v.push(j);
         full_v.push(f);
@@ -158,6 +163,12 @@ fn main() {
         median(&mut bare_v),
         median(&mut jail_v),
         median(&mut full_v),
+    );
+    println!(
+        "full instance phases (medians): workspace {:.1} ms, apply {:.1} ms, jailed tests {:.1} ms",
+        median(&mut setup_v) * 1e3,
+        median(&mut apply_v) * 1e3,
+        median(&mut tests_v) * 1e3
     );
     println!(
         "per run (medians of 40 interleaved triples): bare {:.1} ms, jailed {:.1} ms (x{:.2}; median paired overhead {:+.1} ms), full instance {:.1} ms (x{:.2}; median paired overhead {:+.1} ms)",
@@ -183,6 +194,17 @@ fn main() {
     let t = Instant::now();
     let results = run_all(&cfg, &mirrors, &jobs, cores, |_| {});
     let sandbox_s = t.elapsed().as_secs_f64();
+    // The same batch without the namespace layer, to show what it costs.
+    let no_ns = SandboxConfig {
+        policy: Policy {
+            namespaces: false,
+            ..Policy::default()
+        },
+        ..cfg.clone()
+    };
+    let t = Instant::now();
+    run_all(&no_ns, &mirrors, &jobs, cores, |_| {});
+    let no_ns_s = t.elapsed().as_secs_f64();
     let s = Summary::of(&results);
     assert_eq!(
         s.resolved, N,
@@ -228,5 +250,10 @@ fn main() {
         bare_batch / sandbox_s,
         s.resolved,
         s.total
+    );
+    println!(
+        "throughput without namespaces: {:.1} runs/s (x{:.2} of bare)",
+        N as f64 / no_ns_s,
+        bare_batch / no_ns_s
     );
 }
