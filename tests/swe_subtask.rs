@@ -105,6 +105,22 @@ fn records_for_all_four_subtasks_and_gold_answers_score_one() {
 }
 
 #[test]
+fn bm25_distractors_join_the_function_prompt() {
+    let (inst, snap, patch) = setup();
+    let gt = ground_truth(&patch, &snap).unwrap();
+    let opts = sorft::swe::subtask::RecordOptions {
+        distractor_files: 1,
+    };
+    let recs = sorft::swe::subtask::training_records_with(&inst, &snap, &gt, &opts);
+    let f = &recs[1];
+    assert_eq!(f.shown.files, vec!["calc/core.py", "calc/util.py"]);
+    assert!(f.prompt.contains("def fmt(x):"));
+    // A distractor is a valid but wrong target.
+    let r = f.reward("calc/util.py\nfunction: fmt\n", EditReward::LineFbeta);
+    assert_eq!(r.zero_reason, Some(ZeroReason::NoOverlap));
+}
+
+#[test]
 fn later_stages_from_predictions() {
     let (inst, snap, patch) = setup();
     let gt = ground_truth(&patch, &snap).unwrap();

@@ -1,5 +1,6 @@
 //! Subcommands of the `sorft` binary, one file each.
 
+pub mod data;
 pub mod sandbox;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Datasets: generate synthetic instances, build subtask records, summarise files.
+    Data(data::DataArgs),
     /// Apply patches and run repository tests isolated, graded like SWE-bench.
     Sandbox(sandbox::SandboxArgs),
 }
@@ -43,6 +46,7 @@ pub fn init_logging(verbose: u8) {
 /// Runs one subcommand.
 pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
+        Command::Data(a) => data::run(a),
         Command::Sandbox(a) => sandbox::run(a),
     }
 }

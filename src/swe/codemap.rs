@@ -433,7 +433,7 @@ impl Skel<'_> {
             .collect()
     }
 
-    fn python_block(&mut self, block: Node<'_>, in_class: bool) {
+    fn python_block(&mut self, block: Node<'_>) {
         let mut c = block.walk();
         let children: Vec<Node<'_>> = block.named_children(&mut c).collect();
         for child in children {
@@ -451,7 +451,7 @@ impl Skel<'_> {
                     if d.kind() == "class_definition" {
                         let before = self.out.len();
                         if let Some(b) = body {
-                            self.python_block(b, true);
+                            self.python_block(b);
                         }
                         if self.out.len() == before {
                             self.out.push(format!("{ind}..."));
@@ -464,8 +464,7 @@ impl Skel<'_> {
                     let is_assign = child
                         .named_child(0)
                         .is_some_and(|n| matches!(n.kind(), "assignment" | "augmented_assignment"));
-                    let is_doc = child.named_child(0).is_some_and(|n| n.kind() == "string");
-                    if is_assign || (is_doc && !in_class && false) {
+                    if is_assign {
                         let r0 = child.start_position().row;
                         let multi = end_row(self.lang, child) > r0;
                         let l = shorten(self.line(r0), multi);
@@ -477,7 +476,7 @@ impl Skel<'_> {
         }
     }
 
-    fn generic(&mut self, node: Node<'_>, depth: usize) {
+    fn generic(&mut self, node: Node<'_>) {
         let mut c = node.walk();
         let children: Vec<Node<'_>> = node.named_children(&mut c).collect();
         for child in children {
@@ -516,7 +515,7 @@ impl Skel<'_> {
                                 }
                             }
                             let before = self.out.len();
-                            self.generic(b, depth + 1);
+                            self.generic(b);
                             let ind = self.indent_of(outer.start_position().row);
                             if self.out.len() == before {
                                 if let Some(last) = self.out.last_mut() {
@@ -560,7 +559,7 @@ impl Skel<'_> {
                         let l = shorten(self.line(r0), multi);
                         self.out.push(l);
                     } else if !keep_short && descend_into(self.lang, k) {
-                        self.generic(child, depth);
+                        self.generic(child);
                     }
                 }
             }
@@ -632,9 +631,9 @@ pub fn skeleton(lang: Lang, source: &str) -> String {
         out: Vec::new(),
     };
     if lang == Lang::Python {
-        s.python_block(tree.root_node(), false);
+        s.python_block(tree.root_node());
     } else {
-        s.generic(tree.root_node(), 0);
+        s.generic(tree.root_node());
     }
     let mut text = s.out.join("\n");
     if !text.is_empty() {

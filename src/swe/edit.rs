@@ -286,51 +286,120 @@ pub fn blocks_to_patch(
     Ok(patch)
 }
 
-/// SEARCH/REPLACE blocks that turn `old` into `new` for one file, each SEARCH unique in `old`.
-/// Blocks start from hunks with `context` lines of context, grown until their SEARCH is unique.
-/// A block touching a last line without newline keeps that exactly (rendering adds the newline back).
+/// Number of (possibly overlapping) occurrences of `needle` in `hay`, counting at most 2.
+fn occurrences(hay: &str, needle: &str) -> usize {
+    let mut n = 0;
+    let mut from = 0;
+    while let Some(p) = hay[from..].find(needle) {
+        n += 1;
+        if n >= 2 {
+            break;
+        }
+        // Advance by one character past the match start.
+        let step = hay[from + p..].chars().next().map_or(1, char::len_utf8);
+        from += p + step;
+        if from > hay.len() {
+            break;
+        }
+    }
+    n
+}
+
+/// SEARCH/REPLACE blocks that turn `old` into `new` for one file. Applied in order with
+/// [`apply_blocks`], each SEARCH matches exactly once in the text as edited by the blocks before it.
+/// Blocks start from hunks with `context` lines of context and grow (merging with the previous block
+/// when needed) until that holds. A block touching a last line without newline keeps that exactly
+/// (rendering adds the newline back).
 pub fn blocks_from_texts(path: &str, old: &str, new: &str, context: usize) -> Vec<EditBlock> {
     let old_lines: Vec<&str> = old.split_inclusive('\n').collect();
     let new_lines: Vec<&str> = new.split_inclusive('\n').collect();
-    let hunks = crate::swe::diff::diff_hunks(old, new, context);
-    let mut blocks = Vec::new();
-    for h in hunks {
-        // Old range [o0, o1), new range [n0, n1) of the hunk (0-based).
-        let o0 = if h.old_lines == 0 {
-            h.old_start
-        } else {
-            h.old_start - 1
-        };
-        let n0 = if h.new_lines == 0 {
-            h.new_start
-        } else {
-            h.new_start - 1
-        };
-        let (mut a, mut b) = (o0, o0 + h.old_lines);
-        let (mut c, mut d) = (n0, n0 + h.new_lines);
+    // Change regions (old a..b, new c..d) with equal text between them.
+    let changes: Vec<(usize, usize, usize, usize)> = crate::swe::diff::diff_hunks(old, new, 0)
+        .iter()
+        .map(|h| {
+            let a = if h.old_lines == 0 {
+                h.old_start
+            } else {
+                h.old_start - 1
+            };
+            let c = if h.new_lines == 0 {
+                h.new_start
+            } else {
+                h.new_start - 1
+            };
+            (a, a + h.old_lines, c, c + h.new_lines)
+        })
+        .collect();
+    // Accepted blocks: (first change, last change, context before, context after).
+    let mut blocks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    let span = |i: usize, j: usize, pre: usize, post: usize| {
+        (
+            changes[i].0 - pre,
+            changes[j].1 + post,
+            changes[i].2 - pre,
+            changes[j].3 + post,
+        )
+    };
+    let mut k = 0;
+    while k < changes.len() {
+        let (mut i, mut j) = (k, k);
+        let (mut pre, mut post) = (usize::MAX, usize::MAX);
         loop {
+            // Where the text edited by the blocks before this one stands.
+            let (done_old, done_new) = blocks.last().map_or((0, 0), |&(bi, bj, bp, bq)| {
+                let r = span(bi, bj, bp, bq);
+                (r.1, r.3)
+            });
+            let pre_limit = changes[i].0 - done_old;
+            let post_limit = changes.get(j + 1).map_or(old_lines.len(), |n| n.0) - changes[j].1;
+            if pre == usize::MAX {
+                pre = context.min(pre_limit);
+            }
+            if post == usize::MAX {
+                post = context.min(post_limit);
+            }
+            pre = pre.min(pre_limit);
+            post = post.min(post_limit);
+            let (a, b, _, _) = span(i, j, pre, post);
             let search: String = old_lines[a..b].concat();
-            let unique = !search.trim().is_empty() && old.matches(&search).count() == 1;
-            let can_grow = a > 0 || b < old_lines.len();
-            if unique || !can_grow {
-                blocks.push(EditBlock {
-                    path: path.to_string(),
-                    search,
-                    replace: new_lines[c..d].concat(),
-                });
+            let edited: String = new_lines[..done_new].concat() + &old_lines[done_old..].concat();
+            if !search.trim().is_empty() && occurrences(&edited, &search) == 1 {
+                blocks.push((i, j, pre, post));
+                k = j + 1;
                 break;
             }
-            if a > 0 {
-                a -= 1;
-                c -= 1;
-            }
-            if b < old_lines.len() {
-                b += 1;
-                d += 1;
+            if pre < pre_limit || post < post_limit {
+                if pre < pre_limit {
+                    pre += 1;
+                }
+                if post < post_limit {
+                    post += 1;
+                }
+            } else if j + 1 < changes.len() {
+                j += 1; // take in the next change
+                post = 0;
+            } else if let Some((pi, _, pp, _)) = blocks.pop() {
+                i = pi; // merge with the previous block
+                pre = pp;
+            } else {
+                // The whole file: unique by construction.
+                blocks.push((i, j, pre, post));
+                k = j + 1;
+                break;
             }
         }
     }
     blocks
+        .into_iter()
+        .map(|(i, j, pre, post)| {
+            let (a, b, c, d) = span(i, j, pre, post);
+            EditBlock {
+                path: path.to_string(),
+                search: old_lines[a..b].concat(),
+                replace: new_lines[c..d].concat(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
     /// The file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// One line is not a valid instance; the message names the field.
     #[error("{path}:{line}: {msg}")]
@@ -88,6 +88,11 @@ impl Instance {
         serde_json::from_str(text)
     }
 
+    /// Parses one JSON record; the error message names the offending field when there is one.
+    pub fn from_json_explained(text: &str) -> Result<Instance, String> {
+        Instance::from_json(text).map_err(|e| explain(text, e))
+    }
+
     /// Serialises to one JSON line (no trailing newline).
     pub fn to_json(&self) -> String {
         // Serialising plain strings and maps of JSON values cannot fail.
@@ -112,10 +117,10 @@ pub fn parse_jsonl(text: &str, path: &Path) -> Result<Vec<Instance>, InstanceErr
         if line.trim().is_empty() {
             continue;
         }
-        let inst = Instance::from_json(line).map_err(|e| InstanceError::Parse {
+        let inst = Instance::from_json_explained(line).map_err(|msg| InstanceError::Parse {
             path: path.to_path_buf(),
             line: i + 1,
-            msg: e.to_string(),
+            msg,
         })?;
         out.push(inst);
     }
@@ -124,24 +129,24 @@ pub fn parse_jsonl(text: &str, path: &Path) -> Result<Vec<Instance>, InstanceErr
 
 /// Reads an instance JSONL file (one record per line).
 pub fn read_jsonl(path: &Path) -> Result<Vec<Instance>, InstanceError> {
-    let file = std::fs::File::open(path).map_err(|source| InstanceError::Io {
+    let file = std::fs::File::open(path).map_err(|error| InstanceError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| InstanceError::Io {
+        let line = line.map_err(|error| InstanceError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         if line.trim().is_empty() {
             continue;
         }
         out.push(
-            Instance::from_json(&line).map_err(|e| InstanceError::Parse {
+            Instance::from_json_explained(&line).map_err(|msg| InstanceError::Parse {
                 path: path.to_path_buf(),
                 line: i + 1,
-                msg: e.to_string(),
+                msg,
             })?,
         );
     }
@@ -150,9 +155,9 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Instance>, InstanceError> {
 
 /// Writes instances as JSONL, one record per line.
 pub fn write_jsonl(path: &Path, instances: &[Instance]) -> Result<(), InstanceError> {
-    let io = |source| InstanceError::Io {
+    let io = |error| InstanceError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let file = std::fs::File::create(path).map_err(io)?;
     let mut w = std::io::BufWriter::new(file);
@@ -160,6 +165,42 @@ pub fn write_jsonl(path: &Path, instances: &[Instance]) -> Result<(), InstanceEr
         writeln!(w, "{}", inst.to_json()).map_err(io)?;
     }
     w.flush().map_err(io)
+}
+
+/// Names the field behind a deserialisation error (serde_json reports type errors by position only).
+fn explain(text: &str, err: serde_json::Error) -> String {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return err.to_string();
+    };
+    for field in ["instance_id", "repo", "base_commit"] {
+        match map.get(field) {
+            None => return format!("missing field `{field}`"),
+            Some(serde_json::Value::String(_)) => {}
+            Some(v) => return format!("field `{field}`: expected a string, found {v}"),
+        }
+    }
+    for field in [
+        "patch",
+        "test_patch",
+        "problem_statement",
+        "hints_text",
+        "created_at",
+        "environment_setup_commit",
+    ] {
+        if let Some(v) = map.get(field) {
+            if !v.is_string() && !v.is_null() {
+                return format!("field `{field}`: expected a string, found {v}");
+            }
+        }
+    }
+    for field in ["FAIL_TO_PASS", "PASS_TO_PASS"] {
+        if let Some(v) = map.get(field) {
+            if test_list(v.clone()).is_err() {
+                return format!("field `{field}`: {err}");
+            }
+        }
+    }
+    err.to_string()
 }
 
 fn string_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -225,5 +266,14 @@ mod tests {
         assert!(msg.contains("JSON-encoded list"), "{msg}");
         let missing = parse_jsonl("{\"repo\":\"o/r\"}", Path::new("f")).unwrap_err();
         assert!(missing.to_string().contains("instance_id"), "{missing}");
+        let wrong = parse_jsonl(
+            "{\"instance_id\":\"a\",\"repo\":\"o/r\",\"base_commit\":\"c\",\"patch\":7}",
+            Path::new("f"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            wrong.to_string(),
+            "f:1: field `patch`: expected a string, found 7"
+        );
     }
 }

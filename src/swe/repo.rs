@@ -30,12 +30,12 @@ pub enum RepoError {
         msg: String,
     },
     /// Writing the snapshot failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -250,9 +250,9 @@ impl Snapshot {
     pub fn write_to(&self, dest: &Path) -> Result<(), RepoError> {
         for (path, file) in &self.files {
             let full = dest.join(path);
-            let io = |source| RepoError::Io {
+            let io = |error| RepoError::Io {
                 path: full.clone(),
-                source,
+                error,
             };
             if let Some(parent) = full.parent() {
                 std::fs::create_dir_all(parent).map_err(io)?;

@@ -217,13 +217,59 @@ pub fn edit_record(
 /// The training records of an instance, later stages built from ground truth. Subtasks without
 /// ground truth (no function target, no modified line) are left out.
 pub fn training_records(inst: &Instance, snap: &Snapshot, gt: &GroundTruth) -> Vec<SubtaskRecord> {
+    training_records_with(inst, snap, gt, &RecordOptions::default())
+}
+
+/// Options of [`training_records_with`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordOptions {
+    /// Extra non-target files shown in the function-localization prompt, the best BM25 matches of the
+    /// issue text among the other source files, then other source files in path order
+    /// (0 = only the ground-truth files, as in SoRFT).
+    pub distractor_files: usize,
+}
+
+/// [`training_records`] with options.
+pub fn training_records_with(
+    inst: &Instance,
+    snap: &Snapshot,
+    gt: &GroundTruth,
+    opts: &RecordOptions,
+) -> Vec<SubtaskRecord> {
     let mut out = Vec::new();
     if gt.files.is_empty() {
         return out;
     }
     out.push(file_record(inst, snap, gt));
     if !gt.functions.is_empty() {
-        out.push(function_record(inst, snap, gt, &gt.files, "ground_truth"));
+        let mut files = gt.files.clone();
+        if opts.distractor_files > 0 {
+            // Best BM25 matches first, then the remaining source files in path order.
+            let index = crate::swe::bm25::file_index(snap);
+            let ranked = index
+                .search(&inst.problem_statement, index.len())
+                .into_iter()
+                .map(|(p, _)| p);
+            let rest = snap
+                .paths()
+                .filter(|p| !codemap::is_test_path(p))
+                .map(str::to_string);
+            let mut extra: Vec<String> = Vec::new();
+            for p in ranked.chain(rest) {
+                if extra.len() >= opts.distractor_files {
+                    break;
+                }
+                if !files.contains(&p)
+                    && !extra.contains(&p)
+                    && codemap::Lang::from_path(&p).is_some()
+                {
+                    extra.push(p);
+                }
+            }
+            files.extend(extra);
+            files.sort();
+        }
+        out.push(function_record(inst, snap, gt, &files, "ground_truth"));
     }
     if !gt.lines.is_empty() {
         let windows = prompt::truth_windows(snap, &gt.functions, &gt.lines);

@@ -315,6 +315,9 @@ fn write_tree(dir: &Path, files: &BTreeMap<String, String>) -> Result<(), SynthE
     Ok(())
 }
 
+/// A project with its generated bugs and the number of rejected candidates.
+type ProjectBugs = (Project, Vec<Draft>, usize);
+
 /// One generated bug before it is committed.
 #[derive(Debug, Clone)]
 struct Draft {
@@ -528,7 +531,7 @@ pub fn generate(
         let batch = missing.div_ceil(per).max(1);
         let indices: Vec<usize> = (next_project..next_project + batch).collect();
         next_project += batch;
-        let results: Vec<Result<(Project, Vec<Draft>, usize), SynthError>> = indices
+        let results: Vec<Result<ProjectBugs, SynthError>> = indices
             .par_iter()
             .map(|&i| {
                 let proj = build_project(cfg.seed, i);

@@ -261,7 +261,7 @@ fn line_candidates(lines: &[&str], i: usize, ctx: &Ctx<'_>, out: &mut Vec<Mutati
             body.starts_with("raise ") || body.starts_with("return") || body == "continue";
         let prev_opens = i > 0 && lines[i - 1].trim_end().ends_with(':');
         let after_continues = !after.trim().is_empty() && indent(after) == indent(line);
-        if body_simple && indent(lines[i + 1]) > indent(line) && !(prev_opens && !after_continues) {
+        if body_simple && indent(lines[i + 1]) > indent(line) && (!prev_opens || after_continues) {
             let after_is_else =
                 after.trim_start().starts_with("else") || after.trim_start().starts_with("elif");
             if !after_is_else {
@@ -414,28 +414,31 @@ mod tests {
 
     #[test]
     fn finds_varied_operators_and_never_touches_docstrings() {
-        let src = crate::swe::synth::templates::by_name("mathutils")
-            .map(|t| t.module)
-            .unwrap_or("");
-        let c = candidates("p/mathutils.py", src);
-        let ops: std::collections::BTreeSet<&str> = c.iter().map(|m| m.operator).collect();
+        let mut ops = std::collections::BTreeSet::new();
+        for t in crate::swe::synth::templates::TEMPLATES {
+            let c = candidates(&format!("p/{}.py", t.name), t.module);
+            let lines: Vec<&str> = t.module.lines().collect();
+            for m in &c {
+                ops.insert(m.operator);
+                assert!(!lines[m.start].contains("\"\"\""), "{m:?}");
+                assert_ne!(m.apply(t.module), t.module, "{m:?}");
+            }
+        }
         for op in [
             "boundary",
+            "comparison",
             "arithmetic",
+            "off_by_one",
             "wrong_constant",
             "wrong_return",
+            "swapped_args",
             "missing_condition",
             "dropped_statement",
             "wrong_variable",
-            "off_by_one",
+            "negation",
+            "min_max",
         ] {
             assert!(ops.contains(op), "{op} missing from {ops:?}");
-        }
-        let lines: Vec<&str> = src.lines().collect();
-        for m in &c {
-            assert!(!lines[m.start].contains("\"\"\""), "{m:?}");
-            let mutated = m.apply(src);
-            assert_ne!(mutated, src);
         }
     }
 }
