@@ -102,8 +102,8 @@ fn main() {
     println!("layers: {:?}", host);
 
     let mut c = Criterion::default()
-        .sample_size(30)
-        .measurement_time(Duration::from_secs(4))
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_secs(1));
     let mut g = c.benchmark_group("sandbox_per_run");
     g.bench_function("bare_command", |b| {
@@ -124,39 +124,61 @@ fn main() {
     g.finish();
     drop(ws);
 
-    // Means measured directly for the ratio report (same process, same state).
-    let mean = |f: &mut dyn FnMut(), n: usize| -> f64 {
-        let t = Instant::now();
-        for _ in 0..n {
-            f();
-        }
-        t.elapsed().as_secs_f64() / n as f64
-    };
+    // Paired, interleaved measurements for the ratio report: the machine's load drifts, so
+    // each jailed (or full) run is compared with a bare run made right next to it.
     let ws = Workspace::create(&work, &plain).unwrap();
     let paths = ws.jail_paths(interp.read_roots.clone());
-    let bare_s = mean(&mut || bare(&interp.program, &plain, &args), 20);
-    let jail_s = mean(
-        &mut || {
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
+    };
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut bare_v, mut jail_v, mut full_v, mut d_jail, mut d_full) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut setup_v, mut apply_v, mut tests_v) = (vec![], vec![], vec![]);
+    for _ in 0..40 {
+        let b = time(&mut || bare(&interp.program, &plain, &args));
+        let j = time(&mut || {
             run_jailed(&jcmd, &paths, &cfg.policy, &cfg.limits, ws.ids()).unwrap();
-        },
-        20,
-    );
-    let full_s = mean(
-        &mut || {
-            run_instance(&cfg, &mirrors, inst, "gold", &inst.patch);
-        },
-        20,
-    );
+        });
+        let mut phases = sorft::sandbox::runner::Timings::default();
+        let f = time(&mut || {
+            phases = run_instance(&cfg, &mirrors, inst, "gold", &inst.patch).timings;
+        });
+        setup_v.push(phases.setup);
+        apply_v.push(phases.apply);
+        tests_v.push(phases.tests);
+        bare_v.push(b);
+        jail_v.push(j);
+        full_v.push(f);
+        d_jail.push(j - b);
+        d_full.push(f - b);
+    }
     drop(ws);
+    let (b, j, f) = (
+        median(&mut bare_v),
+        median(&mut jail_v),
+        median(&mut full_v),
+    );
     println!(
-        "per run: bare {:.1} ms, jailed {:.1} ms (x{:.2}, overhead {:+.1} ms), full instance {:.1} ms (x{:.2}, overhead {:+.1} ms)",
-        bare_s * 1e3,
-        jail_s * 1e3,
-        jail_s / bare_s,
-        (jail_s - bare_s) * 1e3,
-        full_s * 1e3,
-        full_s / bare_s,
-        (full_s - bare_s) * 1e3
+        "full instance phases (medians): workspace {:.1} ms, apply {:.1} ms, jailed tests {:.1} ms",
+        median(&mut setup_v) * 1e3,
+        median(&mut apply_v) * 1e3,
+        median(&mut tests_v) * 1e3
+    );
+    println!(
+        "per run (medians of 40 interleaved triples): bare {:.1} ms, jailed {:.1} ms (x{:.2}; median paired overhead {:+.1} ms), full instance {:.1} ms (x{:.2}; median paired overhead {:+.1} ms)",
+        b * 1e3,
+        j * 1e3,
+        j / b,
+        median(&mut d_jail) * 1e3,
+        f * 1e3,
+        f / b,
+        median(&mut d_full) * 1e3
     );
 
     // Throughput on the 100 generated instances at parallelism = cores.
@@ -172,6 +194,17 @@ fn main() {
     let t = Instant::now();
     let results = run_all(&cfg, &mirrors, &jobs, cores, |_| {});
     let sandbox_s = t.elapsed().as_secs_f64();
+    // The same batch without the namespace layer, to show what it costs.
+    let no_ns = SandboxConfig {
+        policy: Policy {
+            namespaces: false,
+            ..Policy::default()
+        },
+        ..cfg.clone()
+    };
+    let t = Instant::now();
+    run_all(&no_ns, &mirrors, &jobs, cores, |_| {});
+    let no_ns_s = t.elapsed().as_secs_f64();
     let s = Summary::of(&results);
     assert_eq!(
         s.resolved, N,
@@ -217,5 +250,10 @@ fn main() {
         bare_batch / sandbox_s,
         s.resolved,
         s.total
+    );
+    println!(
+        "throughput without namespaces: {:.1} runs/s (x{:.2} of bare)",
+        N as f64 / no_ns_s,
+        bare_batch / no_ns_s
     );
 }
