@@ -135,8 +135,8 @@ impl ReproConfig {
     /// The 2-minute variant for CI: the tiny model and a handful of instances.
     pub fn quick() -> Self {
         let mut c = Self::default();
-        c.data.instances = 8;
-        c.data.heldout_fraction = 0.34;
+        c.data.instances = 12;
+        c.data.heldout_fraction = 0.25;
         c.model.preset = Preset::Tiny;
         c.model.warmup_epochs = 1;
         c.stage1.samples_per_prompt = 2;
