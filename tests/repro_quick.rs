@@ -18,15 +18,38 @@ fn run(out: &std::path::Path) -> String {
 fn quick_repro_writes_a_complete_report_deterministically() {
     let a = tempfile::tempdir().unwrap();
     let report = run(a.path());
-    for needle in ["| initial |", "| sft |", "| sft+rl |", "%Resolved", "Stage 1 rejection sampling", "| file |"] {
-        assert!(report.contains(needle), "report lacks {needle:?}:\n{report}");
+    for needle in [
+        "| initial |",
+        "| sft |",
+        "| sft+rl |",
+        "%Resolved",
+        "Stage 1 rejection sampling",
+        "| file |",
+    ] {
+        assert!(
+            report.contains(needle),
+            "report lacks {needle:?}:\n{report}"
+        );
     }
-    for f in ["rl_reward.svg", "rl_kl.svg", "rl_entropy.svg", "rl_response_length.svg", "hit_rates.svg", "subtask_rewards.svg"] {
+    for f in [
+        "rl_reward.svg",
+        "rl_kl.svg",
+        "rl_entropy.svg",
+        "rl_response_length.svg",
+        "hit_rates.svg",
+        "subtask_rewards.svg",
+    ] {
         let svg = std::fs::read_to_string(a.path().join(f)).unwrap();
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{f}");
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{f}"
+        );
     }
     let metrics = std::fs::read_to_string(a.path().join("metrics.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let rl: Vec<&serde_json::Value> = lines.iter().filter(|v| v["stage"] == "stage2").collect();
     assert_eq!(rl.len(), 2);
     for v in &rl {
@@ -34,7 +57,13 @@ fn quick_repro_writes_a_complete_report_deterministically() {
             assert!(v[k].as_f64().is_some_and(f64::is_finite), "{k}: {v}");
         }
     }
-    assert_eq!(lines.iter().filter(|v| v["stage"].as_str().is_some_and(|s| s.starts_with("eval:"))).count(), 3);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|v| v["stage"].as_str().is_some_and(|s| s.starts_with("eval:")))
+            .count(),
+        3
+    );
     let cfg = std::fs::read_to_string(a.path().join("config.toml")).unwrap();
     assert!(cfg.contains("seed = 3"));
     let preds = std::fs::read_to_string(a.path().join("predictions_sft_rl.jsonl")).unwrap();

@@ -56,12 +56,24 @@ pub fn run(a: EvalArgs) -> Result<()> {
         seed: a.seed,
         ..EvalConfig::default()
     };
-    let mut ans = ModelAnswerer { model: &model, tok: &tok, cfg: &cfg };
-    let (outcomes, summary) = evaluate(&mut ans, &instances, &a.repos, &cfg, &mut |s| eprintln!("{s}"))?;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&a.out).with_context(|| a.out.display().to_string())?);
+    let mut ans = ModelAnswerer {
+        model: &model,
+        tok: &tok,
+        cfg: &cfg,
+    };
+    let (outcomes, summary) = evaluate(&mut ans, &instances, &a.repos, &cfg, &mut |s| {
+        eprintln!("{s}")
+    })?;
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(&a.out).with_context(|| a.out.display().to_string())?,
+    );
     let name = a.model.display().to_string();
     for o in &outcomes {
-        writeln!(f, "{}", serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": name, "model_patch": o.patch}))?;
+        writeln!(
+            f,
+            "{}",
+            serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": name, "model_patch": o.patch})
+        )?;
     }
     f.flush()?;
     let sum_path = a.out.with_extension("summary.json");

@@ -42,7 +42,11 @@ pub fn run(a: ReproArgs) -> Result<()> {
         print!("{}", cfg.to_toml());
         return Ok(());
     }
-    eprintln!("effective configuration (saved as {}):\n{}", a.out.join("config.toml").display(), cfg.to_toml());
+    eprintln!(
+        "effective configuration (saved as {}):\n{}",
+        a.out.join("config.toml").display(),
+        cfg.to_toml()
+    );
     let t = std::time::Instant::now();
     let s = run_repro(&cfg, &a.out)?;
     let report = std::fs::read_to_string(a.out.join("report.md")).unwrap_or_default();

@@ -155,11 +155,17 @@ impl ReproConfig {
 
     /// Defaults (or the quick variant), then a TOML file, then `key=value` overrides.
     pub fn load(quick: bool, file: Option<&Path>, sets: &[String]) -> anyhow::Result<Self> {
-        let base = if quick { Self::quick() } else { Self::default() };
+        let base = if quick {
+            Self::quick()
+        } else {
+            Self::default()
+        };
         let mut v = toml::Value::try_from(&base)?;
         if let Some(p) = file {
-            let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            let user: toml::Value = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", p.display(), one_line(&e.to_string())))?;
+            let text =
+                std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            let user: toml::Value = toml::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {}", p.display(), one_line(&e.to_string())))?;
             merge(&mut v, user);
         }
         for s in sets {
@@ -170,11 +176,12 @@ impl ReproConfig {
                 .ok()
                 .and_then(|t: toml::Table| t.get("x").cloned())
                 .unwrap_or_else(|| toml::Value::String(val.to_string()));
-            set_path(&mut v, key.trim(), parsed).map_err(|e| anyhow::anyhow!("--set {s:?}: {e}"))?;
+            set_path(&mut v, key.trim(), parsed)
+                .map_err(|e| anyhow::anyhow!("--set {s:?}: {e}"))?;
         }
-        let cfg: ReproConfig = v
-            .try_into()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("configuration: {}", one_line(&e.to_string())))?;
+        let cfg: ReproConfig = v.try_into().map_err(|e: toml::de::Error| {
+            anyhow::anyhow!("configuration: {}", one_line(&e.to_string()))
+        })?;
         Ok(cfg)
     }
 
@@ -208,7 +215,9 @@ fn set_path(v: &mut toml::Value, key: &str, val: toml::Value) -> Result<(), Stri
     let mut cur = v;
     let parts: Vec<&str> = key.split('.').collect();
     for (i, p) in parts.iter().enumerate() {
-        let table = cur.as_table_mut().ok_or_else(|| format!("{} is not a section", parts[..i].join(".")))?;
+        let table = cur
+            .as_table_mut()
+            .ok_or_else(|| format!("{} is not a section", parts[..i].join(".")))?;
         if i + 1 == parts.len() {
             if !table.contains_key(*p) {
                 return Err(format!("unknown key {key}"));
@@ -216,7 +225,9 @@ fn set_path(v: &mut toml::Value, key: &str, val: toml::Value) -> Result<(), Stri
             table.insert(p.to_string(), val);
             return Ok(());
         }
-        cur = table.get_mut(*p).ok_or_else(|| format!("unknown section {}", parts[..=i].join(".")))?;
+        cur = table
+            .get_mut(*p)
+            .ok_or_else(|| format!("unknown section {}", parts[..=i].join(".")))?;
     }
     Ok(())
 }
@@ -230,18 +241,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
         std::fs::write(&p, "seed = 9\n[stage2]\nalgorithm = \"ppo\"\nsteps = 3\n").unwrap();
-        let c = ReproConfig::load(false, Some(&p), &["stage1.epochs=7".into(), "eval.temperature=0.5".into()]).unwrap();
+        let c = ReproConfig::load(
+            false,
+            Some(&p),
+            &["stage1.epochs=7".into(), "eval.temperature=0.5".into()],
+        )
+        .unwrap();
         assert_eq!(c.seed, 9);
         assert_eq!(c.stage2.steps, 3);
         assert_eq!(c.stage2.algorithm, crate::rft::rl::Algorithm::Ppo);
         assert_eq!(c.stage1.epochs, 7);
         assert_eq!(c.eval.temperature, 0.5);
-        assert_eq!(c.stage2.group_size, ReproConfig::default().stage2.group_size);
+        assert_eq!(
+            c.stage2.group_size,
+            ReproConfig::default().stage2.group_size
+        );
         let back = ReproConfig::load(false, None, &[]).unwrap();
         assert_eq!(back, ReproConfig::default());
         assert!(ReproConfig::load(false, None, &["stage2.stepz=1".into()]).is_err());
         std::fs::write(&p, "[stage2]\nstepz = 3\n").unwrap();
-        let e = ReproConfig::load(false, Some(&p), &[]).unwrap_err().to_string();
+        let e = ReproConfig::load(false, Some(&p), &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("stepz"), "{e}");
         assert!(!e.contains('\n'));
     }

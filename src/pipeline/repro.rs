@@ -68,16 +68,26 @@ impl Status {
     fn new() -> Self {
         let bar = indicatif::ProgressBar::new(7);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("[{elapsed_precise}] {bar:20} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "[{elapsed_precise}] {bar:20} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar.enable_steady_tick(std::time::Duration::from_millis(250));
-        Self { bar, t0: Instant::now() }
+        Self {
+            bar,
+            t0: Instant::now(),
+        }
     }
     fn phase(&self, msg: &str) {
         self.bar.inc(1);
         self.bar.set_message(msg.to_string());
-        self.bar.println(format!("[{:>6.1}s] {msg}", self.t0.elapsed().as_secs_f64()));
+        let line = format!("[{:>6.1}s] {msg}", self.t0.elapsed().as_secs_f64());
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
     }
     fn detail(&self, msg: String) {
         self.bar.set_message(msg);
@@ -89,7 +99,9 @@ fn write_text(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 fn chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| path.display().to_string())?);
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| path.display().to_string())?,
+    );
     for c in convs {
         writeln!(f, "{}", serde_json::json!({ "messages": c }))?;
     }
@@ -102,14 +114,23 @@ fn sft(status: &Status, label: &str, cfg: SftConfig) -> anyhow::Result<PathBuf> 
     let out = cfg.out.clone();
     let res = run_sft(&Cpu, &cfg, Resume::No, &stop, &mut |e| {
         if let SftEvent::Step(m) = e {
-            status.detail(format!("{label}: step {} loss {:.3} {:.0} tok/s", m.step, m.loss, m.tokens_per_s));
+            status.detail(format!(
+                "{label}: step {} loss {:.3} {:.0} tok/s",
+                m.step, m.loss, m.tokens_per_s
+            ));
         }
     })?;
-    res.final_dir.with_context(|| format!("{}: the run exported no model", out.display()))
+    res.final_dir
+        .with_context(|| format!("{}: the run exported no model", out.display()))
 }
 
 /// Greedy answers to ground-truth prompts, scored: mean reward per subtask.
-fn subtask_rewards(model: &Model<Cpu>, tok: &Tokenizer, recs: &[SubtaskRecord], cfg: &ReproConfig) -> anyhow::Result<BTreeMap<String, f64>> {
+fn subtask_rewards(
+    model: &Model<Cpu>,
+    tok: &Tokenizer,
+    recs: &[SubtaskRecord],
+    cfg: &ReproConfig,
+) -> anyhow::Result<BTreeMap<String, f64>> {
     let mut reqs = Vec::new();
     let mut which = Vec::new();
     for (i, r) in recs.iter().enumerate() {
@@ -126,16 +147,28 @@ fn subtask_rewards(model: &Model<Cpu>, tok: &Tokenizer, recs: &[SubtaskRecord], 
         });
         which.push(i);
     }
-    let outs = generate(model, Some(tok), &reqs, &GenOptions { max_batch: cfg.eval.batch, progress: false })?;
+    let outs = generate(
+        model,
+        Some(tok),
+        &reqs,
+        &GenOptions {
+            max_batch: cfg.eval.batch,
+            progress: false,
+        },
+    )?;
     let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     for r in recs {
         sums.entry(r.subtask.name().into()).or_default().1 += 1;
     }
     for (o, &i) in outs.iter().zip(&which) {
         let r = &recs[i];
-        sums.entry(r.subtask.name().into()).or_default().0 += r.reward(&o.text, cfg.stage2.edit_reward).reward;
+        sums.entry(r.subtask.name().into()).or_default().0 +=
+            r.reward(&o.text, cfg.stage2.edit_reward).reward;
     }
-    Ok(sums.into_iter().map(|(k, (s, n))| (k, s / n.max(1) as f64)).collect())
+    Ok(sums
+        .into_iter()
+        .map(|(k, (s, n))| (k, s / n.max(1) as f64))
+        .collect())
 }
 
 /// Runs the whole reproduction into `out`.
@@ -162,16 +195,26 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
     )?;
     let repos: BTreeSet<String> = report.instances.iter().map(|i| i.repo.clone()).collect();
     let repos: Vec<String> = repos.into_iter().collect();
-    let n_held = ((repos.len() as f64 * cfg.data.heldout_fraction).ceil() as usize).clamp(1, repos.len().saturating_sub(1).max(1));
+    let n_held = ((repos.len() as f64 * cfg.data.heldout_fraction).ceil() as usize)
+        .clamp(1, repos.len().saturating_sub(1).max(1));
     let held_repos: BTreeSet<&String> = repos.iter().rev().take(n_held).collect();
-    let (held, train): (Vec<Instance>, Vec<Instance>) = report.instances.iter().cloned().partition(|i| held_repos.contains(&i.repo));
+    let (held, train): (Vec<Instance>, Vec<Instance>) = report
+        .instances
+        .iter()
+        .cloned()
+        .partition(|i| held_repos.contains(&i.repo));
     if train.is_empty() || held.is_empty() {
-        anyhow::bail!("data: {} instances in {} repositories cannot be split into training and held-out sets", report.instances.len(), repos.len());
+        anyhow::bail!(
+            "data: {} instances in {} repositories cannot be split into training and held-out sets",
+            report.instances.len(),
+            repos.len()
+        );
     }
     write_jsonl(&data.join("train.jsonl"), &train)?;
     write_jsonl(&data.join("heldout.jsonl"), &held)?;
     let store = RepoStore::new(data.join("repos"));
-    let snapshot = |i: &Instance| -> anyhow::Result<Snapshot> { Ok(store.snapshot(&i.repo, &i.base_commit)?) };
+    let snapshot =
+        |i: &Instance| -> anyhow::Result<Snapshot> { Ok(store.snapshot(&i.repo, &i.base_commit)?) };
     let mut train_items: Vec<RlItem> = Vec::new();
     let mut code_files: BTreeMap<String, String> = BTreeMap::new();
     for inst in &train {
@@ -185,7 +228,10 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
             }
         }
         for r in training_records(inst, &snap, &gt) {
-            train_items.push(RlItem { record: r, problem: inst.problem_statement.clone() });
+            train_items.push(RlItem {
+                record: r,
+                problem: inst.problem_statement.clone(),
+            });
         }
     }
     let mut held_records = Vec::new();
@@ -210,7 +256,12 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
     let warm_data = out.join("warmup.jsonl");
     let convs: Vec<Vec<Message>> = code_files
         .iter()
-        .map(|(p, text)| vec![Message::new("user", &format!("Show the file {p}.")), Message::new("assistant", text)])
+        .map(|(p, text)| {
+            vec![
+                Message::new("user", &format!("Show the file {p}.")),
+                Message::new("assistant", text),
+            ]
+        })
         .collect();
     chat_jsonl(&warm_data, &convs)?;
     let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32| {
@@ -230,22 +281,48 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
         c.optim.lr = lr;
         c
     };
-    let warm = sft(&status, "warm-up", sft_cfg(&initial, &warm_data, "warmup", cfg.model.warmup_epochs, cfg.model.warmup_lr))?;
+    let warm = sft(
+        &status,
+        "warm-up",
+        sft_cfg(
+            &initial,
+            &warm_data,
+            "warmup",
+            cfg.model.warmup_epochs,
+            cfg.model.warmup_lr,
+        ),
+    )?;
     seconds.insert("model+warmup".to_string(), t.elapsed().as_secs_f64());
 
     // ---- stage 1 ----
     let t = Instant::now();
     status.phase("stage 1: teacher chains of thought, rejection filter, SFT");
-    let items: Vec<TeacherItem> = train_items.iter().map(|i| TeacherItem { record: &i.record, problem: &i.problem }).collect();
-    let mut teacher = BuiltinTeacher { temperature: cfg.stage1.teacher_temperature };
+    let items: Vec<TeacherItem> = train_items
+        .iter()
+        .map(|i| TeacherItem {
+            record: &i.record,
+            problem: &i.problem,
+        })
+        .collect();
+    let mut teacher = BuiltinTeacher {
+        temperature: cfg.stage1.teacher_temperature,
+    };
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
     let (kept, acceptance) = rejection_filter(&items, &samples, cfg.stage2.edit_reward);
     for (k, a) in &acceptance {
-        writeln!(metrics, "{}", serde_json::json!({"stage": "stage1", "subtask": k, "sampled": a.sampled, "passed": a.passed, "kept": a.kept}))?;
+        writeln!(
+            metrics,
+            "{}",
+            serde_json::json!({"stage": "stage1", "subtask": k, "sampled": a.sampled, "passed": a.passed, "kept": a.kept})
+        )?;
     }
     let s1_data = out.join("stage1_sft.jsonl");
     chat_jsonl(&s1_data, &kept)?;
-    let sft_dir = sft(&status, "stage 1", sft_cfg(&warm, &s1_data, "stage1", cfg.stage1.epochs, cfg.stage1.lr))?;
+    let sft_dir = sft(
+        &status,
+        "stage 1",
+        sft_cfg(&warm, &s1_data, "stage1", cfg.stage1.epochs, cfg.stage1.lr),
+    )?;
     seconds.insert("stage1".to_string(), t.elapsed().as_secs_f64());
 
     // ---- stage 2 ----
@@ -292,15 +369,31 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
         let mean_reward = subtask_reward.values().sum::<f64>() / subtask_reward.len().max(1) as f64;
         let mut ecfg = cfg.eval.clone();
         ecfg.seed = cfg.seed;
-        let mut ans = ModelAnswerer { model: &model, tok: &tok, cfg: &ecfg };
-        let (outcomes, pipeline) = evaluate(&mut ans, &held, &data.join("repos"), &ecfg, &mut |s| status.detail(format!("evaluation: {name}: {s}")))?;
+        let mut ans = ModelAnswerer {
+            model: &model,
+            tok: &tok,
+            cfg: &ecfg,
+        };
+        let (outcomes, pipeline) =
+            evaluate(&mut ans, &held, &data.join("repos"), &ecfg, &mut |s| {
+                status.detail(format!("evaluation: {name}: {s}"))
+            })?;
         let preds = out.join(format!("predictions_{}.jsonl", name.replace('+', "_")));
         let mut f = std::io::BufWriter::new(std::fs::File::create(&preds)?);
         for o in &outcomes {
-            writeln!(f, "{}", serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch}))?;
+            writeln!(
+                f,
+                "{}",
+                serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch})
+            )?;
         }
         f.flush()?;
-        let r = StageResult { stage: name.to_string(), subtask_reward, mean_reward, pipeline };
+        let r = StageResult {
+            stage: name.to_string(),
+            subtask_reward,
+            mean_reward,
+            pipeline,
+        };
         let mut v = serde_json::to_value(&r)?;
         v["stage"] = format!("eval:{name}").into();
         writeln!(metrics, "{v}")?;
@@ -311,7 +404,13 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
 
     // ---- report ----
     status.phase("report");
-    let summary = ReproSummary { stages, acceptance, rl: rl_metrics, seconds, instances: (train.len(), held.len()) };
+    let summary = ReproSummary {
+        stages,
+        acceptance,
+        rl: rl_metrics,
+        seconds,
+        instances: (train.len(), held.len()),
+    };
     write_report(cfg, out, &summary)?;
     status.bar.finish_and_clear();
     Ok(summary)
@@ -319,22 +418,91 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
 
 fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Result<()> {
     let steps: Vec<f64> = s.rl.iter().map(|m| m.step as f64).collect();
-    let series = |name: &str, f: &dyn Fn(&RlMetrics) -> f64| Series { name: name.into(), points: steps.iter().copied().zip(s.rl.iter().map(f)).collect() };
+    let series = |name: &str, f: &dyn Fn(&RlMetrics) -> f64| Series {
+        name: name.into(),
+        points: steps.iter().copied().zip(s.rl.iter().map(f)).collect(),
+    };
     let mut reward = vec![series("mean", &|m| m.reward_mean)];
     for st in Subtask::ALL {
         let n = st.name();
-        reward.push(series(n, &|m| m.reward_by_subtask.get(n).copied().unwrap_or(f64::NAN)));
+        reward.push(series(n, &|m| {
+            m.reward_by_subtask.get(n).copied().unwrap_or(f64::NAN)
+        }));
     }
-    write_text(&out.join("rl_reward.svg"), &line_chart("Stage 2: reward per step", "step", "reward", &reward))?;
-    write_text(&out.join("rl_kl.svg"), &line_chart("Stage 2: KL to the reference", "step", "KL (nats/token)", &[series("kl", &|m| m.kl), series("approx kl (update)", &|m| m.approx_kl)]))?;
-    write_text(&out.join("rl_entropy.svg"), &line_chart("Stage 2: entropy", "step", "nats/token", &[series("entropy", &|m| m.entropy)]))?;
-    write_text(&out.join("rl_response_length.svg"), &line_chart("Stage 2: response length", "step", "tokens", &[series("length", &|m| m.response_len)]))?;
+    write_text(
+        &out.join("rl_reward.svg"),
+        &line_chart("Stage 2: reward per step", "step", "reward", &reward),
+    )?;
+    write_text(
+        &out.join("rl_kl.svg"),
+        &line_chart(
+            "Stage 2: KL to the reference",
+            "step",
+            "KL (nats/token)",
+            &[
+                series("kl", &|m| m.kl),
+                series("approx kl (update)", &|m| m.approx_kl),
+            ],
+        ),
+    )?;
+    write_text(
+        &out.join("rl_entropy.svg"),
+        &line_chart(
+            "Stage 2: entropy",
+            "step",
+            "nats/token",
+            &[series("entropy", &|m| m.entropy)],
+        ),
+    )?;
+    write_text(
+        &out.join("rl_response_length.svg"),
+        &line_chart(
+            "Stage 2: response length",
+            "step",
+            "tokens",
+            &[series("length", &|m| m.response_len)],
+        ),
+    )?;
     let cats: Vec<String> = Subtask::ALL.iter().map(|s| s.name().to_string()).collect();
     let groups: Vec<String> = s.stages.iter().map(|r| r.stage.clone()).collect();
-    let hits: Vec<Vec<f64>> = s.stages.iter().map(|r| cats.iter().map(|c| r.pipeline.hit_rate.get(c).copied().unwrap_or(0.0)).collect()).collect();
-    write_text(&out.join("hit_rates.svg"), &bar_chart("Held-out hit rates per stage (Agentless chain)", "% of instances", &cats, &groups, &hits))?;
-    let rewards: Vec<Vec<f64>> = s.stages.iter().map(|r| cats.iter().map(|c| r.subtask_reward.get(c).copied().unwrap_or(0.0)).collect()).collect();
-    write_text(&out.join("subtask_rewards.svg"), &bar_chart("Held-out mean subtask reward per stage", "reward", &cats, &groups, &rewards))?;
+    let hits: Vec<Vec<f64>> = s
+        .stages
+        .iter()
+        .map(|r| {
+            cats.iter()
+                .map(|c| r.pipeline.hit_rate.get(c).copied().unwrap_or(0.0))
+                .collect()
+        })
+        .collect();
+    write_text(
+        &out.join("hit_rates.svg"),
+        &bar_chart(
+            "Held-out hit rates per stage (Agentless chain)",
+            "% of instances",
+            &cats,
+            &groups,
+            &hits,
+        ),
+    )?;
+    let rewards: Vec<Vec<f64>> = s
+        .stages
+        .iter()
+        .map(|r| {
+            cats.iter()
+                .map(|c| r.subtask_reward.get(c).copied().unwrap_or(0.0))
+                .collect()
+        })
+        .collect();
+    write_text(
+        &out.join("subtask_rewards.svg"),
+        &bar_chart(
+            "Held-out mean subtask reward per stage",
+            "reward",
+            &cats,
+            &groups,
+            &rewards,
+        ),
+    )?;
 
     let mut md = String::new();
     md.push_str("# sorft repro report\n\n");
@@ -347,23 +515,48 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
         let h = |k: &str| r.pipeline.hit_rate.get(k).copied().unwrap_or(0.0);
         md.push_str(&format!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
-            r.stage, h("file"), h("function"), h("line"), h("edit"), r.pipeline.applied_pct, r.pipeline.resolved_pct
+            r.stage,
+            h("file"),
+            h("function"),
+            h("line"),
+            h("edit"),
+            r.pipeline.applied_pct,
+            r.pipeline.resolved_pct
         ));
     }
     md.push_str("\n## Held-out mean subtask reward (ground-truth prompts, greedy)\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n");
     for r in &s.stages {
         let g = |k: &str| r.subtask_reward.get(k).copied().unwrap_or(0.0);
-        md.push_str(&format!("| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n", r.stage, g("file"), g("function"), g("line"), g("edit"), r.mean_reward));
+        md.push_str(&format!(
+            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
+            r.stage,
+            g("file"),
+            g("function"),
+            g("line"),
+            g("edit"),
+            r.mean_reward
+        ));
     }
     md.push_str("\n## Stage 1 rejection sampling\n\n| subtask | sampled | passed | kept |\n|---|---|---|---|\n");
     for (k, a) in &s.acceptance {
-        md.push_str(&format!("| {k} | {} | {} | {} |\n", a.sampled, a.passed, a.kept));
+        md.push_str(&format!(
+            "| {k} | {} | {} | {} |\n",
+            a.sampled, a.passed, a.kept
+        ));
     }
     md.push_str("\n## Stage 2 (per step)\n\n| step | reward | kl | entropy | clip frac | response len | rollout s | reward s | train s |\n|---|---|---|---|---|---|---|---|---|\n");
     for m in &s.rl {
         md.push_str(&format!(
             "| {} | {:.3} | {:.4} | {:.3} | {:.3} | {:.1} | {:.1} | {:.2} | {:.1} |\n",
-            m.step, m.reward_mean, m.kl, m.entropy, m.clip_frac, m.response_len, m.time_rollout, m.time_reward, m.time_train
+            m.step,
+            m.reward_mean,
+            m.kl,
+            m.entropy,
+            m.clip_frac,
+            m.response_len,
+            m.time_rollout,
+            m.time_reward,
+            m.time_train
         ));
     }
     md.push_str("\n## Wall time (seconds)\n\n");

@@ -605,15 +605,27 @@ impl<B: Backend> RlTrainer<B> {
 
 /// Writes a policy as a Hugging Face model directory: `model.safetensors` with its current
 /// weights, and the config and tokenizer files copied from `src_dir`.
-pub fn export_policy<B: Backend>(policy: &Model<B>, src_dir: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
+pub fn export_policy<B: Backend>(
+    policy: &Model<B>,
+    src_dir: &std::path::Path,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
     use crate::model::weights::{save_safetensors, HostTensor};
     std::fs::create_dir_all(out)?;
     let mut tensors = std::collections::BTreeMap::new();
     for (name, t) in model_params(policy) {
-        tensors.insert(name, HostTensor::f32(t.shape(), &policy.backend.to_host_f32(t)?));
+        tensors.insert(
+            name,
+            HostTensor::f32(t.shape(), &policy.backend.to_host_f32(t)?),
+        );
     }
     save_safetensors(&out.join("model.safetensors"), &tensors)?;
-    for f in ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
         let src = src_dir.join(f);
         if src.exists() {
             std::fs::copy(&src, out.join(f))?;
