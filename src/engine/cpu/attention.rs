@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::matmul::{gemm, MatRef};
 use super::simd::{axpy, dot};
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::AttentionShape;
@@ -109,11 +110,33 @@ pub fn attention(
     let kc = f32s(k_cache, "attention")?;
     let vc = f32s(v_cache, "attention")?;
     let group = sh.n_heads / sh.n_kv_heads;
+    // Runs of rows that are consecutive positions of one slot (a prefill) go through GEMMs; the
+    // other rows (decode steps) are done one by one.
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < t {
+        let mut j = i + 1;
+        while j < t && sl[j] == sl[i] && ps[j] == ps[j - 1] + 1 {
+            j += 1;
+        }
+        runs.push((i, j));
+        i = j;
+    }
+    let mut in_gemm_run = vec![false; t];
+    for &(a, b) in &runs {
+        if b - a >= GEMM_MIN_ROWS {
+            in_gemm_run[a..b].iter_mut().for_each(|x| *x = true);
+        }
+    }
     let mut out = vec![0.0f32; t * qf];
     out.par_chunks_mut(d)
         .enumerate()
+        .with_min_len(4)
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, o)| {
             let (row, h) = (i / sh.n_heads, i % sh.n_heads);
+            if in_gemm_run[row] {
+                return;
+            }
             let kvh = h / group;
             let base = sl[row] as usize * m * kf + kvh * d;
             let n = ps[row] as usize + 1;
@@ -137,5 +160,114 @@ pub fn attention(
                 axpy(o, p * inv, vv);
             }
         });
+    for &(a, b) in runs.iter().filter(|(a, b)| b - a >= GEMM_MIN_ROWS) {
+        let heads: Vec<(usize, Vec<f32>)> = (0..sh.n_heads)
+            .into_par_iter()
+            .map(|h| {
+                let kvh = h / group;
+                let base = sl[a] as usize * m * kf + kvh * d;
+                (
+                    h,
+                    prefill_head(
+                        qs,
+                        kc,
+                        vc,
+                        a,
+                        b,
+                        ps[a] as usize,
+                        base,
+                        qf,
+                        kf,
+                        h * d,
+                        d,
+                        sh.scale,
+                    ),
+                )
+            })
+            .collect();
+        for (h, oh) in heads {
+            for r in 0..b - a {
+                let dst = (a + r) * qf + h * d;
+                out[dst..dst + d].copy_from_slice(&oh[r * d..(r + 1) * d]);
+            }
+        }
+    }
     Ok(tensor_f32(out, &[t, qf]))
+}
+
+/// Prefill runs at least this long use the GEMM path.
+const GEMM_MIN_ROWS: usize = 16;
+
+/// Causal attention of one head for rows `a..b` (positions `p0..p0 + b - a` of one slot) with
+/// two GEMMs: scores `Q K^T` over cache positions `0..p0 + (b - a)`, masked softmax, then `P V`.
+#[allow(clippy::too_many_arguments)]
+fn prefill_head(
+    qs: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    a: usize,
+    b: usize,
+    p0: usize,
+    base: usize,
+    qf: usize,
+    kf: usize,
+    q_off: usize,
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let l = b - a;
+    let s = p0 + l;
+    let mut scores = vec![0.0f32; l * s];
+    gemm(
+        l,
+        s,
+        d,
+        MatRef {
+            data: &qs[a * qf + q_off..],
+            rs: qf,
+            cs: 1,
+        },
+        MatRef {
+            data: &kc[base..],
+            rs: 1,
+            cs: kf,
+        },
+        &mut scores,
+        false,
+    );
+    for (r, row) in scores.chunks_mut(s).enumerate() {
+        let visible = p0 + r + 1;
+        let mut mx = f32::NEG_INFINITY;
+        for x in row[..visible].iter_mut() {
+            *x *= scale;
+            mx = mx.max(*x);
+        }
+        let mut sum = 0.0f32;
+        for x in row[..visible].iter_mut() {
+            *x = (*x - mx).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        row[..visible].iter_mut().for_each(|x| *x *= inv);
+        row[visible..].iter_mut().for_each(|x| *x = 0.0);
+    }
+    let mut out = vec![0.0f32; l * d];
+    gemm(
+        l,
+        d,
+        s,
+        MatRef {
+            data: &scores,
+            rs: s,
+            cs: 1,
+        },
+        MatRef {
+            data: &vc[base..],
+            rs: kf,
+            cs: 1,
+        },
+        &mut out,
+        false,
+    );
+    out
 }

@@ -6,6 +6,11 @@ use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::error::{EngineError, Result};
 use crate::engine::Tensor;
 
+/// Rows per rayon task so that a task has enough work to pay for its dispatch.
+pub(crate) fn rows_per_task(row_len: usize) -> usize {
+    (16_384 / row_len.max(1)).max(1)
+}
+
 fn same_shape(op: &'static str, a: &Tensor<Cpu>, b: &Tensor<Cpu>) -> Result<()> {
     if a.shape() != b.shape() {
         return Err(EngineError::Shape {
@@ -51,6 +56,7 @@ pub fn rms_norm(x: &Tensor<Cpu>, weight: &Tensor<Cpu>, eps: f32) -> Result<Tenso
     let mut out = vec![0.0f32; t * d];
     out.par_chunks_mut(d.max(1))
         .zip(xs.par_chunks(d.max(1)))
+        .with_min_len(rows_per_task(d))
         .for_each(|(o, r)| {
             let ss: f32 = r.iter().map(|v| v * v).sum::<f32>() / d as f32;
             let inv = 1.0 / (ss + eps).sqrt();

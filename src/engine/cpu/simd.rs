@@ -101,3 +101,97 @@ mod tests {
         }
     }
 }
+
+/// Dots of `R` rows of `x` with `C` rows of `w` (all of length `k`): `out[r][c] = x_r . w_c`.
+/// Each dot is accumulated in eight lanes over `k` in steps of eight, then reduced in a fixed
+/// order, so its value does not depend on `R`, `C` or the neighbouring rows.
+#[inline]
+pub fn dot_block<const R: usize, const C: usize>(
+    x: [&[f32]; R],
+    w: [&[f32]; C],
+    k: usize,
+) -> [[f32; C]; R] {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked above).
+        return unsafe { dot_block_avx2(x, w, k) };
+    }
+    dot_block_portable(x, w, k)
+}
+
+#[inline(always)]
+fn reduce8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
+#[inline(always)]
+fn dot_block_portable<const R: usize, const C: usize>(
+    x: [&[f32]; R],
+    w: [&[f32]; C],
+    k: usize,
+) -> [[f32; C]; R] {
+    let mut acc = [[[0.0f32; 8]; C]; R];
+    let full = k / 8 * 8;
+    let mut p = 0;
+    while p < full {
+        for r in 0..R {
+            for c in 0..C {
+                for l in 0..8 {
+                    acc[r][c][l] = x[r][p + l].mul_add(w[c][p + l], acc[r][c][l]);
+                }
+            }
+        }
+        p += 8;
+    }
+    let mut out = [[0.0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            let mut s = reduce8(acc[r][c]);
+            for q in full..k {
+                s = x[r][q].mul_add(w[c][q], s);
+            }
+            out[r][c] = s;
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_block_avx2<const R: usize, const C: usize>(
+    x: [&[f32]; R],
+    w: [&[f32]; C],
+    k: usize,
+) -> [[f32; C]; R] {
+    use std::arch::x86_64::*;
+    let full = k / 8 * 8;
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    let mut p = 0;
+    while p < full {
+        let mut wv = [_mm256_setzero_ps(); C];
+        for c in 0..C {
+            // SAFETY: p + 8 <= full <= k <= w[c].len() (checked by the caller's shape checks).
+            wv[c] = _mm256_loadu_ps(w[c].as_ptr().add(p));
+        }
+        for r in 0..R {
+            let xv = _mm256_loadu_ps(x[r].as_ptr().add(p));
+            for c in 0..C {
+                acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+            }
+        }
+        p += 8;
+    }
+    let mut out = [[0.0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][c]);
+            let mut s = reduce8(lanes);
+            for q in full..k {
+                s = x[r][q].mul_add(w[c][q], s);
+            }
+            out[r][c] = s;
+        }
+    }
+    out
+}
