@@ -293,7 +293,7 @@ pub fn evaluate(
                     .collect()
             })
         };
-        for i in 0..instances.len() {
+        for (i, outcome) in outcomes.iter_mut().enumerate() {
             let mine: Vec<&(usize, String, bool, usize)> =
                 results.iter().filter(|r| r.0 == i).collect();
             let cands: Vec<Candidate> = mine
@@ -305,12 +305,12 @@ pub fn evaluate(
                 })
                 .collect();
             if let Some(j) = select(&cands) {
-                outcomes[i].patch = mine[j].1.clone();
-                outcomes[i].resolved = mine[j].2;
+                outcome.patch = mine[j].1.clone();
+                outcome.resolved = mine[j].2;
             }
         }
     } else {
-        for i in 0..instances.len() {
+        for (i, outcome) in outcomes.iter_mut().enumerate() {
             let cands: Vec<Candidate> = candidates[i]
                 .iter()
                 .map(|p| Candidate {
@@ -320,7 +320,7 @@ pub fn evaluate(
                 })
                 .collect();
             if let Some(j) = select(&cands) {
-                outcomes[i].patch = candidates[i][j].clone();
+                outcome.patch = candidates[i][j].clone();
             }
         }
     }

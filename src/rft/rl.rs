@@ -181,6 +181,9 @@ struct Rollout {
     score: f32,
 }
 
+/// One vector of per-token values for each sequence.
+type PerSeq = Vec<Vec<f32>>;
+
 /// Per-token log-probabilities of the response tokens of each sequence (training forward, no
 /// gradient kept), plus the final hidden states' values when a value head is given.
 fn response_logprobs<B: Backend>(
@@ -188,7 +191,7 @@ fn response_logprobs<B: Backend>(
     seqs: &[&Sequence],
     chunk: usize,
     value_head: Option<&(Tensor<B>, Tensor<B>)>,
-) -> anyhow::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+) -> anyhow::Result<(PerSeq, PerSeq)> {
     let mut lps = Vec::with_capacity(seqs.len());
     let mut vals = Vec::with_capacity(seqs.len());
     for group in seqs.chunks(chunk.max(1)) {

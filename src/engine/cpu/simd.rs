@@ -82,26 +82,6 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     axpy_portable(y, alpha, x)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dot_and_axpy_match_naive() {
-        for n in [0usize, 1, 7, 16, 33, 100] {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.31).sin()).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.17).cos()).collect();
-            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-            assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "n={n}");
-            let mut y = b.clone();
-            axpy(&mut y, 0.5, &a);
-            for i in 0..n {
-                assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
-            }
-        }
-    }
-}
-
 /// Dots of `R` rows of `x` with `C` rows of `w` (all of length `k`): `out[r][c] = x_r . w_c`.
 /// Each dot is accumulated in eight lanes over `k` in steps of eight, then reduced in a fixed
 /// order, so its value does not depend on `R`, `C` or the neighbouring rows.
@@ -194,4 +174,24 @@ unsafe fn dot_block_avx2<const R: usize, const C: usize>(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_and_axpy_match_naive() {
+        for n in [0usize, 1, 7, 16, 33, 100] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.31).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.17).cos()).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "n={n}");
+            let mut y = b.clone();
+            axpy(&mut y, 0.5, &a);
+            for i in 0..n {
+                assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+            }
+        }
+    }
 }
