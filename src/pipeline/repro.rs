@@ -111,6 +111,10 @@ fn chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
 
 fn sft(status: &Status, label: &str, cfg: SftConfig) -> anyhow::Result<PathBuf> {
     let stop = AtomicBool::new(false);
+    // A repro run starts each stage afresh; a previous run's checkpoints in the same folder go.
+    if cfg.out.exists() {
+        std::fs::remove_dir_all(&cfg.out).with_context(|| cfg.out.display().to_string())?;
+    }
     let out = cfg.out.clone();
     let res = run_sft(&Cpu, &cfg, Resume::No, &stop, &mut |e| {
         if let SftEvent::Step(m) = e {
