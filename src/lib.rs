@@ -5,4 +5,7 @@
 
 pub mod engine;
 pub mod model;
+pub mod pipeline;
+pub mod rft;
+pub mod swe;
 pub mod train;

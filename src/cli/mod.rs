@@ -1,5 +1,7 @@
 //! Subcommands of the `sorft` binary, one file each.
 
+pub mod bench;
+pub mod data;
 pub mod generate;
 pub mod model;
 pub mod score;
@@ -30,6 +32,10 @@ pub enum Command {
     Score(score::ScoreArgs),
     /// Create or describe models.
     Model(model::ModelArgs),
+    /// Measure speed (prefill and decode tokens/s).
+    Bench(bench::BenchArgs),
+    /// Datasets: generate synthetic instances, build subtask records, summarise files.
+    Data(data::DataArgs),
     /// Supervised fine-tuning on chat JSONL (full or LoRA).
     Sft(sft::SftArgs),
 }
@@ -55,6 +61,8 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Model(a) => model::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Data(a) => data::run(a),
         Command::Sft(a) => sft::run(a),
     }
 }

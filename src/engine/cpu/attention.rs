@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::simd::{axpy, dot};
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::AttentionShape;
 use crate::engine::error::{EngineError, Result};
@@ -133,30 +134,8 @@ pub fn attention(
             let inv = 1.0 / sum;
             for (j, &p) in scores.iter().enumerate() {
                 let vv = &vc[base + j * kf..base + j * kf + d];
-                let w = p * inv;
-                for (a, &b) in o.iter_mut().zip(vv) {
-                    *a += w * b;
-                }
+                axpy(o, p * inv, vv);
             }
         });
     Ok(tensor_f32(out, &[t, qf]))
-}
-
-/// Dot product with eight independent accumulators (vectorises, fixed summation order).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let ca = a.chunks_exact(8);
-    let cb = b.chunks_exact(8);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }

@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::attention::dot;
+use super::simd::dot;
 use super::matmul::{gemm, MatRef};
 use super::ops::rope_inv_freq;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};

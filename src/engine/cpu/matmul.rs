@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::attention::dot;
+use super::simd::dot;
 use super::{f32s, tensor_f32, Cpu};
 use crate::engine::error::{EngineError, Result};
 use crate::engine::Tensor;

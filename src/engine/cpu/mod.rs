@@ -5,6 +5,7 @@ mod attention;
 mod grad;
 pub mod matmul;
 mod ops;
+pub mod simd;
 
 use std::sync::Arc;
 

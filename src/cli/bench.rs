@@ -1,0 +1,135 @@
+//! `sorft bench`: speed measurements printed as JSON (prefill and decode tokens/s of a model).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+use sorft::engine::rng::SplitMix;
+use sorft::engine::{Cpu, SamplingParams};
+use sorft::model::generate::{generate, GenOptions, GenRequest};
+use sorft::model::kv_cache::KvCache;
+use sorft::model::transformer::Step;
+use sorft::model::Model;
+
+/// Arguments of `sorft bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// What to measure.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Prefill and greedy-decode throughput of a model on the CPU backend.
+    Model {
+        /// Model directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// Prompt length of the prefill measurement.
+        #[arg(long, default_value_t = 512)]
+        prompt_len: usize,
+        /// Tokens generated per sequence in the decode measurement.
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        /// Decode batch sizes, comma-separated.
+        #[arg(long, default_value = "1,8", value_delimiter = ',')]
+        batch: Vec<usize>,
+        /// Repeats (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+    },
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs `sorft bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    match a.command {
+        BenchCommand::Model {
+            model,
+            prompt_len,
+            new_tokens,
+            batch,
+            repeats,
+        } => bench_model(&model, prompt_len, new_tokens, &batch, repeats.max(1)),
+    }
+}
+
+fn bench_model(
+    dir: &std::path::Path,
+    prompt_len: usize,
+    new_tokens: usize,
+    batches: &[usize],
+    repeats: usize,
+) -> Result<()> {
+    let m = Model::load(&Cpu, dir)?;
+    let v = m.config.vocab_size as u64;
+    let mut rng = SplitMix::new(0);
+    let prompt: Vec<u32> = (0..prompt_len.max(1))
+        .map(|_| rng.below(v) as u32)
+        .collect();
+    let n = prompt.len();
+    let slots = vec![0u32; n];
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let mut times = Vec::new();
+    for _ in 0..repeats + 1 {
+        let mut cache = KvCache::new(&m.backend, &m.config, 1, n)?;
+        let t = Instant::now();
+        m.forward(
+            &mut cache,
+            &Step {
+                ids: &prompt,
+                slots: &slots,
+                positions: &pos,
+                logit_rows: &[n as u32 - 1],
+            },
+        )?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.remove(0); // warm-up
+    let prefill = n as f64 / median(times);
+    let mut decode = serde_json::Map::new();
+    for &b in batches {
+        let reqs: Vec<GenRequest> = (0..b.max(1))
+            .map(|i| GenRequest {
+                prompt: prompt[..16.min(n)]
+                    .iter()
+                    .map(|&t| (t + i as u32) % v as u32)
+                    .collect(),
+                params: SamplingParams::greedy(),
+                max_new_tokens: new_tokens,
+                ..Default::default()
+            })
+            .collect();
+        let opts = GenOptions {
+            max_batch: b.max(1),
+            progress: false,
+        };
+        let mut times = Vec::new();
+        for _ in 0..repeats.min(3) + 1 {
+            let t = Instant::now();
+            generate(&m, None, &reqs, &opts)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.remove(0);
+        let tps = (b.max(1) * new_tokens) as f64 / median(times);
+        decode.insert(format!("batch_{b}"), serde_json::json!(tps));
+    }
+    let out = serde_json::json!({
+        "backend": "cpu",
+        "threads": rayon::current_num_threads(),
+        "params": m.config.num_params(),
+        "prefill_tokens": n,
+        "prefill_tokens_per_s": prefill,
+        "decode_new_tokens": new_tokens,
+        "decode_tokens_per_s": decode,
+    });
+    println!("{out}");
+    Ok(())
+}

@@ -1,0 +1,3 @@
+//! Orchestration of whole runs (`sorft repro`) and their reports.
+
+pub mod plot;

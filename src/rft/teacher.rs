@@ -1,0 +1,424 @@
+//! Teachers write chains of thought with answers for subtask prompts; stage 1 keeps the samples
+//! whose answers agree with ground truth. Four kinds sit behind one trait: the built-in heuristic
+//! teacher (issue-text identifiers ranked against the shown files, definitions and lines, plus
+//! inverse-mutation edits: right sometimes and wrong sometimes), a local model run by sorft (the
+//! policy itself or another directory), and an OpenAI-compatible endpoint.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::engine::rng::SplitMix;
+use crate::engine::{Backend, SamplingParams};
+use crate::model::chat::{self, Message};
+use crate::model::generate::{generate, GenOptions, GenRequest};
+use crate::model::{Model, Tokenizer};
+use crate::rft::openai::{ChatClient, ChatRequest};
+use crate::swe::subtask::{Subtask, SubtaskRecord};
+
+/// One prompt for a teacher: the subtask record and the issue text it was built from.
+#[derive(Clone, Copy, Debug)]
+pub struct TeacherItem<'a> {
+    /// The record (prompt, shown views, ground truth).
+    pub record: &'a SubtaskRecord,
+    /// The issue text.
+    pub problem: &'a str,
+}
+
+/// Something that answers subtask prompts with a chain of thought and a final answer.
+pub trait Teacher {
+    /// A short name for reports.
+    fn name(&self) -> String;
+    /// `k` samples for every item, deterministic for a given `seed` where the teacher allows.
+    fn sample(
+        &mut self,
+        items: &[TeacherItem<'_>],
+        k: usize,
+        seed: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>>;
+}
+
+/// Identifier-like words of a text (lower-cased), with dotted names also split into parts.
+pub fn identifiers(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for raw in text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.')) {
+        for part in raw.split('.') {
+            if part.len() >= 3
+                && part
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphabetic() || c == '_')
+            {
+                out.insert(part.to_lowercase());
+            }
+        }
+    }
+    out
+}
+
+fn pick(rng: &mut SplitMix, scores: &[f64], temperature: f64) -> usize {
+    let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+    let w: Vec<f64> = scores
+        .iter()
+        .map(|s| ((s - m) / temperature.max(1e-6)).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut u = rng.next_f64() * total;
+    for (i, x) in w.iter().enumerate() {
+        u -= x;
+        if u <= 0.0 {
+            return i;
+        }
+    }
+    w.len().saturating_sub(1)
+}
+
+/// The built-in teacher for the embedded default.
+#[derive(Clone, Debug)]
+pub struct BuiltinTeacher {
+    /// Softness of its choices: higher is more often wrong.
+    pub temperature: f64,
+}
+
+impl Default for BuiltinTeacher {
+    fn default() -> Self {
+        Self { temperature: 0.7 }
+    }
+}
+
+fn file_stem(path: &str) -> String {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.split('.').next().unwrap_or(name).to_lowercase()
+}
+
+fn mention_list(words: &[&String]) -> String {
+    words
+        .iter()
+        .take(4)
+        .map(|w| format!("`{w}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Rewrites that undo common bugs, tried on a suspicious line.
+const INVERSE_MUTATIONS: &[(&str, &str)] = &[
+    (" == ", " != "),
+    (" != ", " == "),
+    (" < ", " <= "),
+    (" <= ", " < "),
+    (" > ", " >= "),
+    (" >= ", " > "),
+    (" + ", " - "),
+    (" - ", " + "),
+    (" * ", " / "),
+    (" and ", " or "),
+    (" or ", " and "),
+    ("min(", "max("),
+    ("max(", "min("),
+    (" + 1", ""),
+    (" - 1", ""),
+    ("True", "False"),
+    ("False", "True"),
+    ("not ", ""),
+];
+
+impl BuiltinTeacher {
+    fn answer(&self, item: &TeacherItem<'_>, rng: &mut SplitMix) -> String {
+        let words = identifiers(item.problem);
+        let r = item.record;
+        match r.subtask {
+            Subtask::File => {
+                let files = &r.shown.files;
+                if files.is_empty() {
+                    return "<think>Nothing to choose from.</think>\n```\n```".into();
+                }
+                let scores: Vec<f64> = files
+                    .iter()
+                    .map(|f| {
+                        let stem = file_stem(f);
+                        let mut s = if words.contains(&stem) { 3.0 } else { 0.0 };
+                        s += f
+                            .split('/')
+                            .filter(|p| words.contains(&file_stem(p)))
+                            .count() as f64
+                            * 0.5;
+                        if crate::swe::codemap::is_test_path(f) {
+                            s -= 2.0;
+                        }
+                        s
+                    })
+                    .collect();
+                let first = pick(rng, &scores, self.temperature);
+                let mut chosen = vec![files[first].clone()];
+                if rng.next_f64() < 0.3 && files.len() > 1 {
+                    let second = pick(rng, &scores, self.temperature * 2.0);
+                    if second != first {
+                        chosen.push(files[second].clone());
+                    }
+                }
+                let hits: Vec<&String> = words
+                    .iter()
+                    .filter(|w| files.iter().any(|f| file_stem(f) == **w))
+                    .collect();
+                format!(
+                    "<think>The issue mentions {}. The module that matches best is {}, so the fix most likely belongs there.</think>\n```\n{}\n```",
+                    if hits.is_empty() { "no file by name".to_string() } else { mention_list(&hits) },
+                    chosen[0],
+                    chosen.join("\n")
+                )
+            }
+            Subtask::Function => {
+                let fs = &r.shown.functions;
+                if fs.is_empty() {
+                    return "<think>No definitions shown.</think>\n```\n```".into();
+                }
+                let scores: Vec<f64> = fs
+                    .iter()
+                    .map(|f| {
+                        let parts: Vec<String> =
+                            f.name.split('.').map(|p| p.to_lowercase()).collect();
+                        let mut s =
+                            parts.iter().filter(|p| words.contains(*p)).count() as f64 * 2.0;
+                        if words.contains(&file_stem(&f.path)) {
+                            s += 0.5;
+                        }
+                        if f.kind == crate::swe::codemap::DefKind::Class {
+                            s -= 0.5;
+                        }
+                        s
+                    })
+                    .collect();
+                let i = pick(rng, &scores, self.temperature);
+                let f = &fs[i];
+                format!(
+                    "<think>The failing call in the issue goes through `{}`; its definition in {} is the place to inspect.</think>\n```\n{}\n{}: {}\n```",
+                    f.name,
+                    f.path,
+                    f.path,
+                    f.kind.word(),
+                    f.name
+                )
+            }
+            Subtask::Line | Subtask::Edit => {
+                let mut cands: Vec<(String, usize, String, f64)> = Vec::new();
+                for w in &r.shown.windows {
+                    for (k, line) in w.text.lines().enumerate() {
+                        let t = line.trim();
+                        if t.is_empty()
+                            || t.starts_with('#')
+                            || t.starts_with("def ")
+                            || t.starts_with("class ")
+                            || t.starts_with('@')
+                            || t.starts_with("\"\"\"")
+                        {
+                            continue;
+                        }
+                        let ids = identifiers(t);
+                        let mut s = ids.iter().filter(|x| words.contains(*x)).count() as f64;
+                        if INVERSE_MUTATIONS.iter().any(|(a, _)| line.contains(a)) {
+                            s += 1.0;
+                        }
+                        if t.starts_with("return") || t.starts_with("if ") {
+                            s += 0.5;
+                        }
+                        cands.push((w.path.clone(), w.start_line + k, line.to_string(), s));
+                    }
+                }
+                if cands.is_empty() {
+                    return "<think>No code shown.</think>\n```\n```".into();
+                }
+                let scores: Vec<f64> = cands.iter().map(|c| c.3).collect();
+                let (path, line_no, line, _) = cands[pick(rng, &scores, self.temperature)].clone();
+                if r.subtask == Subtask::Line {
+                    return format!(
+                        "<think>The wrong result comes from the expression on line {line_no} of {path}: `{}`.</think>\n```\n{path}\nline: {line_no}\n```",
+                        line.trim()
+                    );
+                }
+                let options: Vec<String> = INVERSE_MUTATIONS
+                    .iter()
+                    .filter(|(a, _)| line.contains(a))
+                    .map(|(a, b)| line.replacen(a, b, 1))
+                    .filter(|n| n != &line)
+                    .collect();
+                let new = if options.is_empty() {
+                    format!("{line}  # reviewed")
+                } else {
+                    options[rng.below(options.len() as u64) as usize].clone()
+                };
+                format!(
+                    "<think>Line {line_no} of {path} computes the value the issue complains about; changing `{}` to `{}` gives the expected behaviour.</think>\n```python\n### {path}\n<<<<<<< SEARCH\n{line}\n=======\n{new}\n>>>>>>> REPLACE\n```",
+                    line.trim(),
+                    new.trim()
+                )
+            }
+        }
+    }
+}
+
+impl Teacher for BuiltinTeacher {
+    fn name(&self) -> String {
+        "builtin".into()
+    }
+
+    fn sample(
+        &mut self,
+        items: &[TeacherItem<'_>],
+        k: usize,
+        seed: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        Ok(items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let mut rng = SplitMix::new(crate::engine::rng::random_u64(seed, 0x7eac, i as u64));
+                (0..k).map(|_| self.answer(item, &mut rng)).collect()
+            })
+            .collect())
+    }
+}
+
+/// A model run by sorft as the teacher (the policy itself, or another local model directory).
+pub struct ModelTeacher<'m, B: Backend> {
+    /// The model.
+    pub model: &'m Model<B>,
+    /// Its tokenizer.
+    pub tokenizer: &'m Tokenizer,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// Most new tokens per sample.
+    pub max_new_tokens: usize,
+    /// Sequences decoded together.
+    pub batch: usize,
+}
+
+impl<B: Backend> Teacher for ModelTeacher<'_, B> {
+    fn name(&self) -> String {
+        "model".into()
+    }
+
+    fn sample(
+        &mut self,
+        items: &[TeacherItem<'_>],
+        k: usize,
+        seed: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        let mut reqs = Vec::with_capacity(items.len() * k);
+        for (i, item) in items.iter().enumerate() {
+            let (ids, _) = chat::encode(
+                self.tokenizer,
+                &[Message::new("user", &item.record.prompt)],
+                true,
+            )?;
+            for j in 0..k {
+                reqs.push(GenRequest {
+                    prompt: ids.clone(),
+                    params: SamplingParams {
+                        temperature: self.temperature,
+                        top_k: 0,
+                        top_p: 1.0,
+                        seed: crate::engine::rng::random_u64(seed, i as u64, j as u64),
+                    },
+                    max_new_tokens: self.max_new_tokens,
+                    stop_ids: self.tokenizer.stop_ids(),
+                    stop_strings: Vec::new(),
+                });
+            }
+        }
+        let outs = generate(
+            self.model,
+            Some(self.tokenizer),
+            &reqs,
+            &GenOptions {
+                max_batch: self.batch,
+                progress: true,
+            },
+        )?;
+        Ok(outs
+            .chunks(k.max(1))
+            .map(|c| c.iter().map(|o| o.text.clone()).collect())
+            .collect())
+    }
+}
+
+/// An OpenAI-compatible chat endpoint as the teacher.
+pub struct EndpointTeacher {
+    /// The client.
+    pub client: ChatClient,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// Most tokens per completion.
+    pub max_tokens: usize,
+}
+
+impl Teacher for EndpointTeacher {
+    fn name(&self) -> String {
+        "endpoint".into()
+    }
+
+    fn sample(
+        &mut self,
+        items: &[TeacherItem<'_>],
+        k: usize,
+        seed: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let req = ChatRequest {
+                    messages: vec![Message::new("user", &item.record.prompt)],
+                    n: k,
+                    temperature: self.temperature,
+                    max_tokens: self.max_tokens,
+                    seed: Some(seed.wrapping_add(i as u64)),
+                };
+                Ok(self.client.complete(&req)?)
+            })
+            .collect()
+    }
+}
+
+/// Per-subtask counts of the rejection filter.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Acceptance {
+    /// Samples seen.
+    pub sampled: usize,
+    /// Samples whose answer agreed with ground truth.
+    pub passed: usize,
+    /// Accepted after removing duplicates.
+    pub kept: usize,
+}
+
+/// Rejection sampling: keeps the samples whose final answer passes the ground-truth filter
+/// (localization: overlaps ground truth; edit: applies and touches a ground-truth line, i.e. a
+/// positive reward), without duplicates; returns chat examples and per-subtask statistics.
+pub fn rejection_filter(
+    items: &[TeacherItem<'_>],
+    samples: &[Vec<String>],
+    edit_reward: crate::swe::subtask::EditReward,
+) -> (Vec<Vec<Message>>, BTreeMap<String, Acceptance>) {
+    let mut kept = Vec::new();
+    let mut stats: BTreeMap<String, Acceptance> = BTreeMap::new();
+    for (item, outs) in items.iter().zip(samples) {
+        let st = stats
+            .entry(item.record.subtask.name().to_string())
+            .or_default();
+        let mut seen = BTreeSet::new();
+        for text in outs {
+            st.sampled += 1;
+            let r = item.record.reward(text, edit_reward);
+            if r.reward <= 0.0 {
+                continue;
+            }
+            st.passed += 1;
+            if !seen.insert(text.trim().to_string()) {
+                continue;
+            }
+            st.kept += 1;
+            kept.push(vec![
+                Message::new("user", &item.record.prompt),
+                Message::new("assistant", text),
+            ]);
+        }
+    }
+    (kept, stats)
+}

@@ -1,0 +1,82 @@
+//! The built-in teacher and the rejection filter on generated instances: answers parse, some
+//! agree with ground truth and some do not, and the filter keeps exactly the agreeing ones.
+
+use std::collections::BTreeMap;
+
+use sorft::rft::teacher::{rejection_filter, BuiltinTeacher, Teacher, TeacherItem};
+use sorft::swe::repo::RepoStore;
+use sorft::swe::subtask::{training_records, EditReward, SubtaskRecord};
+use sorft::swe::synth::{generate, SynthConfig};
+use sorft::swe::truth::ground_truth;
+
+#[test]
+fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = SynthConfig {
+        n: 4,
+        seed: 11,
+        ..Default::default()
+    };
+    let report = generate(&cfg, dir.path(), &|_| {}).unwrap();
+    let store = RepoStore::new(dir.path().join("repos"));
+    let mut records: Vec<(SubtaskRecord, String)> = Vec::new();
+    for inst in &report.instances {
+        let snap = store.snapshot(&inst.repo, &inst.base_commit).unwrap();
+        let gt = ground_truth(&inst.patch, &snap).unwrap();
+        for r in training_records(inst, &snap, &gt) {
+            records.push((r, inst.problem_statement.clone()));
+        }
+    }
+    assert!(records.len() >= 8);
+    let items: Vec<TeacherItem> = records
+        .iter()
+        .map(|(r, p)| TeacherItem {
+            record: r,
+            problem: p,
+        })
+        .collect();
+    let mut t = BuiltinTeacher::default();
+    let a = t.sample(&items, 6, 3).unwrap();
+    assert_eq!(
+        a,
+        t.sample(&items, 6, 3).unwrap(),
+        "not deterministic by seed"
+    );
+    let (kept, stats) = rejection_filter(&items, &a, EditReward::LineFbeta);
+    let mut by_subtask: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for (item, outs) in items.iter().zip(&a) {
+        for o in outs {
+            let r = item.record.reward(o, EditReward::LineFbeta);
+            let e = by_subtask
+                .entry(item.record.subtask.name().into())
+                .or_default();
+            e.0 += 1;
+            e.1 += (r.reward > 0.0) as usize;
+            // Every answer parses into something (no empty-answer zeros).
+            assert_ne!(
+                r.zero_reason,
+                Some(sorft::swe::reward::ZeroReason::EmptyAnswer),
+                "{}: {o}",
+                item.record.subtask.name()
+            );
+        }
+    }
+    let file = by_subtask["file"];
+    assert!(file.1 > 0, "the teacher never found a file");
+    let total_pass: usize = by_subtask.values().map(|v| v.1).sum();
+    let total: usize = by_subtask.values().map(|v| v.0).sum();
+    assert!(
+        total_pass < total,
+        "the teacher is never wrong, the filter would be pointless"
+    );
+    for (name, st) in &stats {
+        assert_eq!(st.passed, by_subtask[name].1);
+        assert!(st.kept <= st.passed);
+    }
+    assert_eq!(kept.len(), stats.values().map(|s| s.kept).sum::<usize>());
+    for conv in &kept {
+        assert_eq!(conv[0].role, "user");
+        assert_eq!(conv[1].role, "assistant");
+    }
+    eprintln!("teacher acceptance: {by_subtask:?}");
+}
