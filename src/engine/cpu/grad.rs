@@ -5,9 +5,9 @@
 
 use rayon::prelude::*;
 
-use super::simd::dot;
 use super::matmul::{gemm, MatRef};
 use super::ops::rope_inv_freq;
+use super::simd::dot;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::{AdamWParams, AttentionShape, IGNORE_TARGET};
 use crate::engine::error::{EngineError, Result};
