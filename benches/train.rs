@@ -88,10 +88,12 @@ fn main() {
     };
     let mut times = Vec::new();
     let mut loss = 0.0;
+    let mut saved = 0;
     for i in 0..=steps {
         let t0 = Instant::now();
         grads.zero(&Cpu).expect("zero");
         let fwd = forward(&model, None, &batch, opts).expect("forward");
+        saved = fwd.saved_bytes();
         let lg =
             cross_entropy(&Cpu, &fwd, &batch.weights, batch.trained_tokens() as f64).expect("loss");
         loss = lg.loss;
@@ -115,6 +117,8 @@ fn main() {
             "step_s_best": times[0],
             "tokens_per_s": tokens as f64 / median,
             "peak_rss_mib": peak_rss_mib(),
+            "activations_mib": saved as f64 / (1024.0 * 1024.0),
+            "recompute": opts.recompute,
             "loss_last": loss,
             "params": model.config.num_params(),
         })

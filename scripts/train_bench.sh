@@ -28,7 +28,7 @@ import json, sys
 best = lambda p: max((json.loads(l) for l in open(p) if l.strip()), key=lambda r: r["tokens_per_s"])
 s, t = best(sys.argv[1]), best(sys.argv[2])
 print(f"small preset, {s['tokens_per_step']} tokens/step, {s['threads']} threads")
-print(f"sorft   {s['tokens_per_s']:9.0f} tokens/s  peak RSS {s['peak_rss_mib']:.0f} MiB  loss {s['loss_last']:.4f}")
+print(f"sorft   {s['tokens_per_s']:9.0f} tokens/s  peak RSS {s['peak_rss_mib']:.0f} MiB (saved activations {s.get('activations_mib', 0):.0f} MiB)  loss {s['loss_last']:.4f}")
 print(f"pytorch {t['tokens_per_s']:9.0f} tokens/s  peak RSS {t['peak_rss_mib']:.0f} MiB  loss {t['loss_last']:.4f}")
 print(f"ratio sorft/pytorch: {s['tokens_per_s'] / t['tokens_per_s']:.2f}x")
 PY

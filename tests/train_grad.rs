@@ -461,3 +461,41 @@ fn recompute_gives_the_same_gradients() {
     }
     assert_eq!(out[0], out[1]);
 }
+
+#[test]
+fn accumulating_micro_batches_equals_one_packed_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), true, 9);
+    let seqs = [
+        Sequence {
+            ids: vec![2, 5, 7, 11, 3, 9],
+            mask: vec![0, 0, 1, 1, 1, 1],
+            weight: 1.0,
+        },
+        Sequence {
+            ids: vec![4, 8, 15, 16, 23],
+            mask: vec![0, 1, 1, 0, 1],
+            weight: 2.0,
+        },
+    ];
+    let grads_of = |batches: Vec<Batch>| {
+        let n: usize = batches.iter().map(|b| b.trained_tokens()).sum();
+        let mut g = Grads::new(&model, None).unwrap();
+        for b in &batches {
+            let fwd = forward(&model, None, b, ForwardOptions::default()).unwrap();
+            let lg = sorft::train::loss::cross_entropy(&Cpu, &fwd, &b.weights, n as f64).unwrap();
+            backward(&model, None, fwd, &lg.g_logp, &lg.g_entropy, &mut g).unwrap();
+        }
+        g.named().iter().map(|(_, t)| host(t)).collect::<Vec<_>>()
+    };
+    let one = grads_of(vec![Batch::pack(&seqs).unwrap()]);
+    let two = grads_of(vec![
+        Batch::pack(&seqs[..1]).unwrap(),
+        Batch::pack(&seqs[1..]).unwrap(),
+    ]);
+    for (a, b) in one.iter().zip(&two) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "{x} vs {y}");
+        }
+    }
+}

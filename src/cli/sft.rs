@@ -105,6 +105,10 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
+    // A second Ctrl-C ends the process at once. SAFETY: signal(2) is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
 }
 
 fn install_sigint() {

@@ -179,6 +179,27 @@ pub struct Forward<B: Backend> {
     pub opts: ForwardOptions,
 }
 
+impl<B: Backend> Forward<B> {
+    /// Bytes of the activations this forward keeps for backward (f32 elements).
+    pub fn saved_bytes(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|s| match s {
+                Saved::Input(x) => x.numel(),
+                Saved::Full(a) => [
+                    &a.x_in, &a.x_mid, &a.h1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.h2, &a.g, &a.u,
+                    &a.m,
+                ]
+                .iter()
+                .map(|t| t.numel())
+                .sum(),
+            })
+            .sum();
+        4 * (blocks + self.x_final.numel() + self.h_final.numel() + 2 * self.logp.numel())
+    }
+}
+
 /// `x W^T (+ b) + s (x A^T) B^T`.
 pub(crate) fn project<B: Backend>(
     be: &B,

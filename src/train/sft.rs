@@ -530,6 +530,7 @@ pub fn run_sft<B: Backend>(
     }
 
     // Where to start.
+    let resume_is_fresh = resume == Resume::No;
     let ckpt = match resume {
         Resume::No => None,
         Resume::From(d) => {
@@ -544,6 +545,13 @@ pub fn run_sft<B: Backend>(
             d
         }
     };
+    if resume_is_fresh && !checkpoint::list(&cfg.out.join("checkpoints"))?.is_empty() {
+        return Err(TrainError::invalid(
+            cfg.out.join("checkpoints"),
+            "checkpoints",
+            "a previous run left checkpoints here; pass --resume to continue it or choose another --out",
+        ));
+    }
     let state = ckpt.as_deref().map(load_state).transpose()?;
     if let (Some(d), Some(st)) = (&ckpt, &state) {
         let c = &st.config;
