@@ -1,10 +1,9 @@
-//! GEMM throughput at the `small` preset's shapes: the `gemm` crate (what the CPU backend uses)
-//! against `matrixmultiply`, and the backend's `linear` (which switches to a row-independent
-//! dot-product kernel for decode-sized inputs). Criterion reports elements/s; GFLOP/s = 2 * that
+//! GEMM throughput at the `small` preset's shapes: the `gemm` crate against `matrixmultiply`,
+//! and the backend's `linear` (matrixmultiply for large products, a row-independent dot-product
+//! kernel for decode-sized inputs). Criterion reports elements/s; GFLOP/s = 2 * that
 //! / 1e9 since one element here is one multiply-add.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sorft::engine::cpu::matmul::{gemm, MatRef};
 use sorft::engine::rng::SplitMix;
 use sorft::engine::{Backend, Cpu, HostData};
 
@@ -32,23 +31,28 @@ fn bench(c: &mut Criterion) {
         let id = format!("{m}x{n}x{k}");
         g.throughput(Throughput::Elements((m * n * k) as u64));
         g.bench_with_input(BenchmarkId::new("gemm_crate", &id), &(), |b, _| {
-            b.iter(|| {
-                gemm(
+            b.iter(|| unsafe {
+                // SAFETY: the strides address elements inside `x`, `w` and `out`.
+                gemm::gemm(
                     m,
                     n,
                     k,
-                    MatRef {
-                        data: &x,
-                        rs: k,
-                        cs: 1,
-                    },
-                    MatRef {
-                        data: &w,
-                        rs: 1,
-                        cs: k,
-                    },
-                    &mut out,
+                    out.as_mut_ptr(),
+                    1,
+                    n as isize,
                     false,
+                    x.as_ptr(),
+                    1,
+                    k as isize,
+                    w.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
                 )
             })
         });
