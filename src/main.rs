@@ -8,8 +8,6 @@ fn main() {
     let args = cli::Cli::parse();
     cli::init_logging(args.verbose);
     if let Some(t) = args.threads {
-        // matrixmultiply keeps its own threads; it reads this before its first product.
-        std::env::set_var("MATMUL_NUM_THREADS", t.to_string());
         // A second initialisation can only fail if something already built the pool; ignore that.
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(t)

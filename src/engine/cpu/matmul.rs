@@ -1,7 +1,9 @@
 //! Matrix products on the CPU.
 //!
-//! Large products go through `matrixmultiply`, thin ones through the `gemm` crate (each where it
-//! measured faster, see `benches/gemm.rs`). Products with few rows (decode steps) use a dot-product kernel whose result
+//! Large products go through the `gemm` crate. In isolation `matrixmultiply` measured 10-15%
+//! faster at the small preset's prefill shapes (`benches/gemm.rs`), but end to end (`sorft bench
+//! model`, alternating runs) prefill was faster with `gemm`, whose threads are rayon's: a second
+//! thread pool competes with rayon's for the same cores. Products with few rows (decode steps) use a dot-product kernel whose result
 //! for a row does not depend on how many rows are batched with it, so a batch of sequences decodes
 //! to exactly the tokens each sequence gets alone.
 
@@ -29,12 +31,7 @@ pub struct MatRef<'a> {
     pub cs: usize,
 }
 
-/// From this size on (`m` and `n` at least this), products go through `matrixmultiply`.
-const LARGE: usize = 64;
-
-/// `c [m, n] (+)= a [m, k] @ b [k, n]`; `c` is row-major and contiguous. Large products use
-/// `matrixmultiply` (10-15% faster than `gemm` at the small preset's prefill shapes on the
-/// development machine, `benches/gemm.rs`), thin ones the `gemm` crate (2-20x faster there).
+/// `c [m, n] (+)= a [m, k] @ b [k, n]` through the gemm crate; `c` is row-major and contiguous.
 pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
     if m == 0 || n == 0 {
         return;
@@ -42,28 +39,6 @@ pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], a
     if k == 0 {
         if !accumulate {
             c.iter_mut().for_each(|x| *x = 0.0);
-        }
-        return;
-    }
-    if m >= LARGE && n >= LARGE {
-        // SAFETY: as below; matrixmultiply reads `c` only when beta is non-zero.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
-                1.0,
-                a.data.as_ptr(),
-                a.rs as isize,
-                a.cs as isize,
-                b.data.as_ptr(),
-                b.rs as isize,
-                b.cs as isize,
-                if accumulate { 1.0 } else { 0.0 },
-                c.as_mut_ptr(),
-                n as isize,
-                1,
-            );
         }
         return;
     }
