@@ -6,7 +6,6 @@
 use rayon::prelude::*;
 
 use super::matmul::{gemm, MatRef};
-use super::ops::rope_inv_freq;
 use super::simd::dot;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::{AdamWParams, AttentionShape, IGNORE_TARGET};
@@ -194,28 +193,14 @@ pub fn rope_backward(
         ));
     }
     let pos = u32s(positions, "rope_backward")?.to_vec();
-    let inv = rope_inv_freq(head_dim, theta);
-    let half = head_dim / 2;
-    let xs = f32s_mut(dx, "rope_backward")?;
-    xs.par_chunks_mut(f)
-        .zip(pos.par_iter())
-        .for_each(|(row, &p)| {
-            let (sin, cos): (Vec<f32>, Vec<f32>) = inv
-                .iter()
-                .map(|&w| {
-                    let a = p as f32 * w;
-                    (a.sin(), a.cos())
-                })
-                .unzip();
-            for head in row.chunks_exact_mut(head_dim) {
-                let (a, b) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (g1, g2) = (a[i], b[i]);
-                    a[i] = g1 * cos[i] + g2 * sin[i];
-                    b[i] = g2 * cos[i] - g1 * sin[i];
-                }
-            }
-        });
+    super::ops::rotate(
+        f32s_mut(dx, "rope_backward")?,
+        f,
+        &pos,
+        head_dim,
+        theta,
+        true,
+    );
     Ok(())
 }
 

@@ -102,6 +102,41 @@ pub fn rope_inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
         .collect()
 }
 
+/// Rotates every head of rows of `f` features by its position's angles (half-split layout);
+/// `inverse` rotates by the negative angles (the backward of the rotation).
+pub(crate) fn rotate(
+    xs: &mut [f32],
+    f: usize,
+    pos: &[u32],
+    head_dim: usize,
+    theta: f32,
+    inverse: bool,
+) {
+    let inv = rope_inv_freq(head_dim, theta);
+    let half = head_dim / 2;
+    let sign = if inverse { -1.0f32 } else { 1.0 };
+    xs.par_chunks_mut(f)
+        .zip(pos.par_iter())
+        .with_min_len(rows_per_task(f))
+        .for_each(|(row, &p)| {
+            let (sin, cos): (Vec<f32>, Vec<f32>) = inv
+                .iter()
+                .map(|&w| {
+                    let a = p as f32 * w;
+                    (sign * a.sin(), a.cos())
+                })
+                .unzip();
+            for head in row.chunks_exact_mut(head_dim) {
+                let (a, b) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (x1, x2) = (a[i], b[i]);
+                    a[i] = x1 * cos[i] - x2 * sin[i];
+                    b[i] = x2 * cos[i] + x1 * sin[i];
+                }
+            }
+        });
+}
+
 /// Rotary embedding in place (half-split layout).
 pub fn rope(
     x: &mut Tensor<Cpu>,
@@ -123,28 +158,7 @@ pub fn rope(
         });
     }
     let pos = u32s(positions, "rope")?.to_vec();
-    let inv = rope_inv_freq(head_dim, theta);
-    let half = head_dim / 2;
-    let xs = f32s_mut(x, "rope")?;
-    xs.par_chunks_mut(f)
-        .zip(pos.par_iter())
-        .for_each(|(row, &p)| {
-            let (sin, cos): (Vec<f32>, Vec<f32>) = inv
-                .iter()
-                .map(|&w| {
-                    let a = p as f32 * w;
-                    (a.sin(), a.cos())
-                })
-                .unzip();
-            for head in row.chunks_exact_mut(head_dim) {
-                let (a, b) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (x1, x2) = (a[i], b[i]);
-                    a[i] = x1 * cos[i] - x2 * sin[i];
-                    b[i] = x2 * cos[i] + x1 * sin[i];
-                }
-            }
-        });
+    rotate(f32s_mut(x, "rope")?, f, &pos, head_dim, theta, false);
     Ok(())
 }
 
