@@ -91,6 +91,18 @@ fn frame(svg: &mut String, title: &str, x_label: &str, y_label: &str) {
     );
 }
 
+/// A horizontal grid line at plot height `y` labelled with the value `v`.
+fn grid_line(svg: &mut String, y: f64, v: f64) {
+    let _ = write!(
+        svg,
+        r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+        W - RIGHT,
+        LEFT - 6.0,
+        y + 4.0,
+        fmt_num(v)
+    );
+}
+
 /// A line chart of several series over a shared x axis.
 pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
     let pts = series
@@ -122,15 +134,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
     let mut svg = String::new();
     frame(&mut svg, title, x_label, y_label);
     for t in ticks(y0, y1, 5) {
-        let y = sy(t);
-        let _ = write!(
-            svg,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            y + 4.0,
-            fmt_num(t)
-        );
+        grid_line(&mut svg, sy(t), t);
     }
     for t in ticks(x0, x1, 6) {
         let x = sx(t);
@@ -202,15 +206,7 @@ pub fn bar_chart(
     let mut svg = String::new();
     frame(&mut svg, title, "", y_label);
     for t in ticks(0.0, ymax, 5) {
-        let y = sy(t);
-        let _ = write!(
-            svg,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e0e0e0"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            y + 4.0,
-            fmt_num(t)
-        );
+        grid_line(&mut svg, sy(t), t);
     }
     let nc = categories.len().max(1) as f64;
     let ng = groups.len().max(1) as f64;

@@ -141,24 +141,7 @@ pub fn attention(
             let base = sl[row] as usize * m * kf + kvh * d;
             let n = ps[row] as usize + 1;
             let qv = &qs[row * qf + h * d..row * qf + (h + 1) * d];
-            scores.clear();
-            let mut mx = f32::NEG_INFINITY;
-            for j in 0..n {
-                let kv = &kc[base + j * kf..base + j * kf + d];
-                let sc = dot(qv, kv) * sh.scale;
-                mx = mx.max(sc);
-                scores.push(sc);
-            }
-            let mut sum = 0.0f32;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - mx).exp();
-                sum += *sc;
-            }
-            let inv = 1.0 / sum;
-            for (j, &p) in scores.iter().enumerate() {
-                let vv = &vc[base + j * kf..base + j * kf + d];
-                axpy(o, p * inv, vv);
-            }
+            attend_row(qv, kc, vc, base, kf, n, sh.scale, scores, o);
         });
     for &(a, b) in runs.iter().filter(|(a, b)| b - a >= GEMM_MIN_ROWS) {
         let heads: Vec<(usize, Vec<f32>)> = (0..sh.n_heads)
@@ -270,4 +253,41 @@ fn prefill_head(
         false,
     );
     out
+}
+
+/// Softmax attention of one query row `q` over `n` key/value rows that start at `base` in `keys`
+/// and `values` with row stride `stride`; adds the result to `out` and returns the log-sum-exp
+/// of the scaled scores. `scores` is scratch space.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_row(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    base: usize,
+    stride: usize,
+    n: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) -> f32 {
+    let d = q.len();
+    scores.clear();
+    let mut mx = f32::NEG_INFINITY;
+    for j in 0..n {
+        let at = base + j * stride;
+        let sc = dot(q, &keys[at..at + d]) * scale;
+        mx = mx.max(sc);
+        scores.push(sc);
+    }
+    let mut sum = 0.0f32;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - mx).exp();
+        sum += *sc;
+    }
+    let inv = 1.0 / sum;
+    for (j, &p) in scores.iter().enumerate() {
+        let at = base + j * stride;
+        axpy(out, p * inv, &values[at..at + d]);
+    }
+    mx + sum.ln()
 }

@@ -280,27 +280,18 @@ pub fn attention_train(
             let (row, h) = (i / nh, i % nh);
             let off = (h / group) * d;
             let qv = &qs[row * qf + h * d..row * qf + (h + 1) * d];
-            scores.clear();
-            let mut mx = f32::NEG_INFINITY;
-            for j in start[row]..=row {
-                let sc = dot(qv, &ks[j * kf + off..j * kf + off + d]) * sh.scale;
-                mx = mx.max(sc);
-                scores.push(sc);
-            }
-            let mut sum = 0.0f32;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - mx).exp();
-                sum += *sc;
-            }
-            let inv = 1.0 / sum;
-            for (jj, &p) in scores.iter().enumerate() {
-                let j = start[row] + jj;
-                let w = p * inv;
-                for (a, &b) in o.iter_mut().zip(&vs[j * kf + off..j * kf + off + d]) {
-                    *a += w * b;
-                }
-            }
-            *l = mx + sum.ln();
+            let n = row + 1 - start[row];
+            *l = super::attention::attend_row(
+                qv,
+                ks,
+                vs,
+                start[row] * kf + off,
+                kf,
+                n,
+                sh.scale,
+                scores,
+                o,
+            );
         });
     Ok((tensor_f32(out, &[t, qf]), tensor_f32(lse, &[t, nh])))
 }
