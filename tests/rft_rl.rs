@@ -91,3 +91,71 @@ fn three_rl_steps_per_algorithm_are_finite_and_move_the_policy() {
         assert_eq!(before, refw, "reference changed");
     }
 }
+
+fn weights(dir: &std::path::Path) -> Vec<Vec<f32>> {
+    let (m, _) = load_dir(&Cpu, dir).unwrap();
+    sorft::train::params::model_params(&m)
+        .into_iter()
+        .map(|(_, t)| Cpu.to_host_f32(t).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_rl_run_stopped_and_resumed_reaches_the_same_weights_as_an_uninterrupted_one() {
+    use sorft::rft::rl_run::{run_rl, RlRun};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let data = tempfile::tempdir().unwrap();
+    let items = items(data.path());
+    let mdir = tempfile::tempdir().unwrap();
+    init_model(Preset::Tiny, mdir.path(), 2, &[EMBEDDED_CORPUS.to_string()]).unwrap();
+    let cfg = RlConfig {
+        algorithm: Algorithm::Ppo,
+        steps: 3,
+        prompts_per_step: 2,
+        group_size: 2,
+        minibatch: 2,
+        lr: 1e-3,
+        max_new_tokens: 8,
+        entropy_coef: 0.01,
+        save_every: 0,
+        seed: 4,
+        ..Default::default()
+    };
+    let out = tempfile::tempdir().unwrap();
+    let run = |name: &str, resume: bool| RlRun {
+        model: mdir.path().to_path_buf(),
+        out: out.path().join(name),
+        resume,
+    };
+    let never = AtomicBool::new(false);
+    let a = run_rl(&Cpu, &run("a", false), &cfg, &items, &never, &mut |_| {}).unwrap();
+    let a_dir = a.final_dir.unwrap();
+    // Stopped (as by Ctrl-C) after step 1: a checkpoint and no export.
+    let stop = AtomicBool::new(false);
+    let b1 = run_rl(&Cpu, &run("b", false), &cfg, &items, &stop, &mut |m| {
+        if m.step == 1 {
+            stop.store(true, Ordering::SeqCst)
+        }
+    })
+    .unwrap();
+    assert!(b1.final_dir.is_none() && b1.metrics.len() == 1);
+    // A fresh run over those checkpoints is refused; a resume with other settings too.
+    let e = run_rl(&Cpu, &run("b", false), &cfg, &items, &never, &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("--resume"), "{e}");
+    let other = RlConfig {
+        lr: 5e-4,
+        ..cfg.clone()
+    };
+    let e = run_rl(&Cpu, &run("b", true), &other, &items, &never, &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("other RL settings"), "{e}");
+    let b = run_rl(&Cpu, &run("b", true), &cfg, &items, &never, &mut |_| {}).unwrap();
+    assert_eq!(b.resumed_from, 1);
+    assert_eq!(b.metrics.len(), 3, "metrics before the resume are kept");
+    for (x, y) in a.metrics.iter().zip(&b.metrics) {
+        assert_eq!((x.step, x.reward_mean, x.kl), (y.step, y.reward_mean, y.kl));
+        assert_eq!(x.value_loss, y.value_loss);
+    }
+    let wa = weights(&a_dir);
+    assert!(wa == weights(&b.final_dir.unwrap()), "resumed run diverged");
+    assert!(wa != weights(mdir.path()), "the policy did not move");
+}

@@ -4,8 +4,10 @@ pub mod bench;
 pub mod data;
 pub mod eval;
 pub mod generate;
+pub mod interrupt;
 pub mod model;
 pub mod repro;
+pub mod rl;
 pub mod sandbox;
 pub mod score;
 pub mod sft;
@@ -45,6 +47,8 @@ pub enum Command {
     Data(data::DataArgs),
     /// Supervised fine-tuning on chat JSONL (full or LoRA).
     Sft(sft::SftArgs),
+    /// Stage 2 alone: RL with rule-based rewards from a stage-1 model, with exact resume.
+    Rl(rl::RlArgs),
     /// Apply patches and run repository tests isolated, graded like SWE-bench.
     Sandbox(sandbox::SandboxArgs),
 }
@@ -75,6 +79,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Data(a) => data::run(a),
         Command::Sft(a) => sft::run(a),
+        Command::Rl(a) => rl::run(a),
         Command::Sandbox(a) => sandbox::run(a),
     }
 }

@@ -26,6 +26,10 @@ pub struct ReproArgs {
     /// Seed of every random choice (same as `--set seed=N`).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Continue an interrupted run in --out: finished phases are reused, unfinished ones resume
+    /// from their checkpoints (the configuration must be the same).
+    #[arg(long)]
+    pub resume: bool,
     /// Print the effective configuration and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -48,7 +52,8 @@ pub fn run(a: ReproArgs) -> Result<()> {
         cfg.to_toml()
     );
     let t = std::time::Instant::now();
-    let s = run_repro(&cfg, &a.out)?;
+    super::interrupt::install();
+    let s = run_repro(&cfg, &a.out, a.resume, &super::interrupt::STOP)?;
     let report = std::fs::read_to_string(a.out.join("report.md")).unwrap_or_default();
     println!("{report}");
     eprintln!(

@@ -2,7 +2,6 @@
 //! checkpoints, resume, and a clean save on Ctrl-C.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -101,23 +100,6 @@ pub struct SftArgs {
     pub no_progress: bool,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-    // A second Ctrl-C ends the process at once. SAFETY: signal(2) is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
-    }
-}
-
-fn install_sigint() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
-    }
-}
-
 /// Runs `sorft sft`.
 pub fn run(a: SftArgs) -> Result<()> {
     let cfg = SftConfig {
@@ -161,7 +143,7 @@ pub fn run(a: SftArgs) -> Result<()> {
         "sft: effective config {}",
         serde_json::to_string(&cfg).unwrap_or_default()
     );
-    install_sigint();
+    super::interrupt::install();
     let bar = if a.no_progress {
         ProgressBar::hidden()
     } else {
@@ -210,7 +192,7 @@ pub fn run(a: SftArgs) -> Result<()> {
         }
         SftEvent::Message(s) => bar.println(format!("sft: {s}")),
     };
-    let out = run_sft(&Cpu, &cfg, resume, &STOP, &mut on)
+    let out = run_sft(&Cpu, &cfg, resume, &super::interrupt::STOP, &mut on)
         .with_context(|| format!("sft on {}", a.data.display()))?;
     bar.finish_and_clear();
     if out.interrupted {

@@ -22,7 +22,8 @@ use crate::model::{load_dir, Model, Tokenizer};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
 use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
-use crate::rft::rl::{export_policy, RlItem, RlMetrics, RlTrainer};
+use crate::rft::rl::{RlItem, RlMetrics};
+use crate::rft::rl_run::{run_rl, RlRun};
 use crate::rft::teacher::{rejection_filter, Acceptance, BuiltinTeacher, Teacher, TeacherItem};
 use crate::swe::instance::{write_jsonl, Instance};
 use crate::swe::repo::{RepoStore, Snapshot};
@@ -109,14 +110,41 @@ fn chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sft(status: &Status, label: &str, cfg: SftConfig) -> anyhow::Result<PathBuf> {
-    let stop = AtomicBool::new(false);
-    // A repro run starts each stage afresh; a previous run's checkpoints in the same folder go.
-    if cfg.out.exists() {
+fn text_jsonl(path: &Path, docs: &[String]) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| path.display().to_string())?,
+    );
+    for d in docs {
+        writeln!(f, "{}", serde_json::json!({ "text": d }))?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// One SFT phase. A finished phase of a resumed run is reused; an unfinished one continues from
+/// its newest checkpoint; without `resume` the phase starts afresh (old outputs removed).
+fn sft(
+    status: &Status,
+    label: &str,
+    cfg: SftConfig,
+    resume: bool,
+    stop: &AtomicBool,
+) -> anyhow::Result<PathBuf> {
+    let done = cfg.out.join("final");
+    if resume && done.join("model.safetensors").exists() {
+        status.detail(format!("{label}: reusing {}", done.display()));
+        return Ok(done);
+    }
+    if !resume && cfg.out.exists() {
         std::fs::remove_dir_all(&cfg.out).with_context(|| cfg.out.display().to_string())?;
     }
     let out = cfg.out.clone();
-    let res = run_sft(&Cpu, &cfg, Resume::No, &stop, &mut |e| {
+    let how = if resume {
+        Resume::Latest { fallback: true }
+    } else {
+        Resume::No
+    };
+    let res = run_sft(&Cpu, &cfg, how, stop, &mut |e| {
         if let SftEvent::Step(m) = e {
             status.detail(format!(
                 "{label}: step {} loss {:.3} {:.0} tok/s",
@@ -124,6 +152,9 @@ fn sft(status: &Status, label: &str, cfg: SftConfig) -> anyhow::Result<PathBuf> 
             ));
         }
     })?;
+    if res.interrupted {
+        anyhow::bail!("{label} interrupted; run again with --resume to continue");
+    }
     res.final_dir
         .with_context(|| format!("{}: the run exported no model", out.display()))
 }
@@ -175,10 +206,29 @@ fn subtask_rewards(
         .collect())
 }
 
-/// Runs the whole reproduction into `out`.
-pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> {
+/// Runs the whole reproduction into `out`. With `resume`, the phases a previous run of the same
+/// configuration finished are reused (warm-up, stage-1 SFT), unfinished SFT runs continue from
+/// their checkpoints and stage 2 from its newest checkpoint; `stop` (Ctrl-C) ends a long phase with
+/// a checkpoint.
+pub fn run_repro(
+    cfg: &ReproConfig,
+    out: &Path,
+    resume: bool,
+    stop: &AtomicBool,
+) -> anyhow::Result<ReproSummary> {
     std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
-    write_text(&out.join("config.toml"), &cfg.to_toml())?;
+    let cfg_path = out.join("config.toml");
+    if resume {
+        if let Ok(old) = std::fs::read_to_string(&cfg_path) {
+            if old != cfg.to_toml() {
+                anyhow::bail!(
+                    "{}: the run there used another configuration; resume it with the same one (or drop --resume)",
+                    cfg_path.display()
+                );
+            }
+        }
+    }
+    write_text(&cfg_path, &cfg.to_toml())?;
     let status = Status::new();
     let mut seconds = BTreeMap::new();
     let mut metrics = std::io::BufWriter::new(std::fs::File::create(out.join("metrics.jsonl"))?);
@@ -258,16 +308,14 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
     // ---- warm-up ----
     status.phase("warm-up: causal language modelling on the training repositories");
     let warm_data = out.join("warmup.jsonl");
-    let convs: Vec<Vec<Message>> = code_files
+    // Plain-text documents: the training repositories' code and the training issues' text
+    // (unlabelled: no answers), every token trained.
+    let mut docs: Vec<String> = code_files
         .iter()
-        .map(|(p, text)| {
-            vec![
-                Message::new("user", &format!("Show the file {p}.")),
-                Message::new("assistant", text),
-            ]
-        })
+        .map(|(p, text)| format!("# {p}\n{text}"))
         .collect();
-    chat_jsonl(&warm_data, &convs)?;
+    docs.extend(train.iter().map(|i| i.problem_statement.clone()));
+    text_jsonl(&warm_data, &docs)?;
     let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32| {
         let mut c = SftConfig {
             model: model.to_path_buf(),
@@ -295,6 +343,8 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
             cfg.model.warmup_epochs,
             cfg.model.warmup_lr,
         ),
+        resume,
+        stop,
     )?;
     seconds.insert("model+warmup".to_string(), t.elapsed().as_secs_f64());
 
@@ -326,39 +376,47 @@ pub fn run_repro(cfg: &ReproConfig, out: &Path) -> anyhow::Result<ReproSummary> 
         &status,
         "stage 1",
         sft_cfg(&warm, &s1_data, "stage1", cfg.stage1.epochs, cfg.stage1.lr),
+        resume,
+        stop,
     )?;
     seconds.insert("stage1".to_string(), t.elapsed().as_secs_f64());
 
     // ---- stage 2 ----
     let t = Instant::now();
     status.phase("stage 2: reinforcement learning with rule-based rewards");
-    let (mut policy, tok) = load_dir(&Cpu, &sft_dir)?;
-    let tok = tok.context("stage 1 output has no tokenizer")?;
-    let (reference, _) = load_dir(&Cpu, &sft_dir)?;
+    let stage2_out = out.join("stage2");
+    if !resume && stage2_out.exists() {
+        std::fs::remove_dir_all(&stage2_out).with_context(|| stage2_out.display().to_string())?;
+    }
     let mut rl_cfg = cfg.stage2.clone();
     rl_cfg.seed = cfg.seed;
-    let mut trainer = RlTrainer::new(&policy, &tok, &train_items, rl_cfg)?;
-    let mut rl_metrics = Vec::new();
-    for s in 0..cfg.stage2.steps {
-        let m = trainer.step(&mut policy, &reference, &tok, &train_items)?;
-        status.detail(format!(
-            "stage 2: step {}/{} reward {:.3} kl {:.4} entropy {:.2}",
-            s + 1,
-            cfg.stage2.steps,
-            m.reward_mean,
-            m.kl,
-            m.entropy
-        ));
-        let mut v = serde_json::to_value(&m)?;
+    let rl = run_rl(
+        &Cpu,
+        &RlRun {
+            model: sft_dir.clone(),
+            out: stage2_out,
+            resume,
+        },
+        &rl_cfg,
+        &train_items,
+        stop,
+        &mut |m| {
+            status.detail(format!(
+                "stage 2: step {}/{} reward {:.3} kl {:.4} entropy {:.2}",
+                m.step, cfg.stage2.steps, m.reward_mean, m.kl, m.entropy
+            ))
+        },
+    )?;
+    for m in &rl.metrics {
+        let mut v = serde_json::to_value(m)?;
         v["stage"] = "stage2".into();
         writeln!(metrics, "{v}")?;
-        metrics.flush()?;
-        rl_metrics.push(m);
     }
-    let rl_dir = out.join("stage2").join("final");
-    export_policy(&policy, &sft_dir, &rl_dir)?;
-    drop(policy);
-    drop(reference);
+    metrics.flush()?;
+    let rl_metrics = rl.metrics;
+    let Some(rl_dir) = rl.final_dir else {
+        anyhow::bail!("stage 2 interrupted; run again with --resume to continue");
+    };
     seconds.insert("stage2".to_string(), t.elapsed().as_secs_f64());
 
     // ---- evaluation ----

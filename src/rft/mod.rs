@@ -6,5 +6,6 @@ pub mod kl;
 pub mod openai;
 pub mod ppo;
 pub mod rl;
+pub mod rl_run;
 pub mod select;
 pub mod teacher;

@@ -92,6 +92,13 @@ pub struct RlConfig {
     pub whiten_advantages: bool,
     /// Sequences decoded together.
     pub rollout_batch: usize,
+    /// GRPO/RLOO: leave out of the update the groups whose responses all scored the same (their
+    /// advantages are zero; DAPO's dynamic sampling), unless an entropy bonus is set.
+    pub skip_uniform_groups: bool,
+    /// Save a checkpoint every N steps (0: only at the end).
+    pub save_every: usize,
+    /// Checkpoints kept.
+    pub keep_last: usize,
     /// Seed of prompt choice and sampling.
     pub seed: u64,
 }
@@ -121,6 +128,9 @@ impl Default for RlConfig {
             edit_reward: EditReward::LineFbeta,
             whiten_advantages: true,
             rollout_batch: 16,
+            skip_uniform_groups: true,
+            save_every: 4,
+            keep_last: 2,
             seed: 0,
         }
     }
@@ -136,7 +146,8 @@ pub struct RlItem {
 }
 
 /// Metrics of one step.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RlMetrics {
     /// 1-based step.
     pub step: usize,
@@ -172,6 +183,8 @@ pub struct RlMetrics {
     pub time_reward: f64,
     /// Seconds spent in forward/backward/optimizer.
     pub time_train: f64,
+    /// Sequences in the update (after leaving out empty responses and uniform groups).
+    pub trained_sequences: usize,
 }
 
 struct Rollout {
@@ -430,14 +443,19 @@ impl<B: Backend> RlTrainer<B> {
         m.time_reward = t1.elapsed().as_secs_f64();
         // ---- old / reference log-probs, advantages ----
         let t2 = Instant::now();
-        let seqs: Vec<&Sequence> = rolls
-            .iter()
-            .filter(|r| !r.response.is_empty())
-            .map(|r| &r.seq)
-            .collect();
+        let uniform = |g: usize| {
+            let mut it = rolls.iter().filter(|r| r.group == g).map(|r| r.score);
+            let first = it.next();
+            it.all(|s| Some(s) == first)
+        };
+        let skip_uniform =
+            cfg.skip_uniform_groups && cfg.algorithm != Algorithm::Ppo && cfg.entropy_coef == 0.0;
         let live: Vec<usize> = (0..rolls.len())
             .filter(|&i| !rolls[i].response.is_empty())
+            .filter(|&i| !(skip_uniform && uniform(rolls[i].group)))
             .collect();
+        m.trained_sequences = live.len();
+        let seqs: Vec<&Sequence> = live.iter().map(|&i| &rolls[i].seq).collect();
         let (old, old_values) =
             response_logprobs(policy, &seqs, cfg.minibatch, self.value_head.as_ref())?;
         let (refl, _) = response_logprobs(reference, &seqs, cfg.minibatch, None)?;
@@ -603,6 +621,147 @@ impl<B: Backend> RlTrainer<B> {
         m.explained_variance = ev_sum / nmb_f;
         m.time_train = t2.elapsed().as_secs_f64();
         Ok(m)
+    }
+}
+
+/// Format tag of `rl_state.json`.
+const RL_STATE_FORMAT: &str = "sorft-rl-state-1";
+
+/// What an RL checkpoint records besides tensors.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RlState {
+    format: String,
+    step: usize,
+    opt_step: u64,
+    value_opt_step: u64,
+    reference: String,
+    config: RlConfig,
+}
+
+/// The settings that must match for a resumed run to continue the same trajectory (`steps`,
+/// `save_every` and `keep_last` may change).
+fn trajectory_settings(c: &RlConfig) -> RlConfig {
+    RlConfig {
+        steps: 0,
+        save_every: 0,
+        keep_last: 0,
+        ..c.clone()
+    }
+}
+
+impl<B: Backend> RlTrainer<B> {
+    /// Writes a checkpoint of the run after `self.step` steps under `root` (`step-N/`: the policy
+    /// as a model directory with the side files of `model_src`, the optimizer moments, the value
+    /// head and its moments, and `rl_state.json` with the step — the rollout cursor and the RNG
+    /// position, since both are functions of `(seed, step)` — and the reference directory), then
+    /// keeps the newest `keep_last`. Written whole or not at all.
+    pub fn save_checkpoint(
+        &self,
+        policy: &Model<B>,
+        model_src: &std::path::Path,
+        reference: &std::path::Path,
+        root: &std::path::Path,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        use crate::train::checkpoint::{self, host_tensors, safetensors_bytes, side_files};
+        let be = &policy.backend;
+        let mut files = side_files(model_src)?;
+        files.push((
+            "model.safetensors".into(),
+            safetensors_bytes(&host_tensors(be, model_params(policy), "")?)?,
+        ));
+        files.push((
+            "optimizer.safetensors".into(),
+            safetensors_bytes(&self.opt.state_tensors(be)?)?,
+        ));
+        let mut value_opt_step = 0;
+        if let (Some((w, b)), Some(vo)) = (&self.value_head, &self.value_opt) {
+            let mut t = vo.state_tensors(be)?;
+            t.extend(host_tensors(
+                be,
+                vec![("value.weight".into(), w), ("value.bias".into(), b)],
+                "",
+            )?);
+            files.push(("value.safetensors".into(), safetensors_bytes(&t)?));
+            value_opt_step = vo.step;
+        }
+        let st = RlState {
+            format: RL_STATE_FORMAT.into(),
+            step: self.step,
+            opt_step: self.opt.step,
+            value_opt_step,
+            reference: reference.display().to_string(),
+            config: self.cfg.clone(),
+        };
+        files.push((
+            "rl_state.json".into(),
+            serde_json::to_string_pretty(&st)?.into_bytes(),
+        ));
+        let dir = checkpoint::save(root, self.step as u64, &files)?;
+        checkpoint::prune(root, self.cfg.keep_last)?;
+        Ok(dir)
+    }
+
+    /// Restores the trainer from checkpoint `dir` (verified against its manifest) and returns the
+    /// policy saved there. The checkpoint must come from the same settings and reference.
+    pub fn resume(
+        &mut self,
+        dir: &std::path::Path,
+        reference: &std::path::Path,
+        backend: &B,
+    ) -> anyhow::Result<Model<B>> {
+        use crate::train::checkpoint::{read_f32_tensors, verify};
+        verify(dir)?;
+        let sp = dir.join("rl_state.json");
+        let text =
+            std::fs::read_to_string(&sp).map_err(|e| anyhow::anyhow!("{}: {e}", sp.display()))?;
+        let st: RlState =
+            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", sp.display()))?;
+        if st.format != RL_STATE_FORMAT {
+            anyhow::bail!(
+                "{}: format {:?}, expected {RL_STATE_FORMAT:?}",
+                sp.display(),
+                st.format
+            );
+        }
+        if trajectory_settings(&st.config) != trajectory_settings(&self.cfg) {
+            anyhow::bail!(
+                "{}: the checkpoint was made with other RL settings; resume with the same configuration (only steps, save_every and keep_last may change)",
+                sp.display()
+            );
+        }
+        if st.reference != reference.display().to_string() {
+            anyhow::bail!(
+                "{}: the checkpoint's reference is {}, this run's is {}",
+                sp.display(),
+                st.reference,
+                reference.display()
+            );
+        }
+        let policy = Model::load(backend, dir)?;
+        self.opt
+            .load_state(backend, &dir.join("optimizer.safetensors"))?;
+        self.opt.step = st.opt_step;
+        if let (Some((w, b)), Some(vo)) = (self.value_head.as_mut(), self.value_opt.as_mut()) {
+            let vp = dir.join("value.safetensors");
+            vo.load_state(backend, &vp)?;
+            vo.step = st.value_opt_step;
+            let t = read_f32_tensors(&vp)?;
+            for (name, dst) in [("value.weight", w), ("value.bias", b)] {
+                let (shape, data) = t
+                    .get(name)
+                    .ok_or_else(|| anyhow::anyhow!("{}: {name} missing", vp.display()))?;
+                if shape.as_slice() != dst.shape() {
+                    anyhow::bail!(
+                        "{}: {name} has shape {shape:?}, expected {:?}",
+                        vp.display(),
+                        dst.shape()
+                    );
+                }
+                *dst = backend.upload(HostData::F32(data), shape)?;
+            }
+        }
+        self.step = st.step;
+        Ok(policy)
     }
 }
 

@@ -1,7 +1,8 @@
 //! Teachers write chains of thought with answers for subtask prompts; stage 1 keeps the samples
 //! whose answers agree with ground truth. Four kinds sit behind one trait: the built-in heuristic
-//! teacher (issue-text identifiers ranked against the shown files, definitions and lines, plus
-//! inverse-mutation edits: right sometimes and wrong sometimes), a local model run by sorft (the
+//! teacher (BM25 and issue-text evidence — imports, traceback frames, calls — ranked against the
+//! shown files, definitions and lines, reasoning that quotes that evidence, plus inverse-mutation
+//! edits: right sometimes and wrong sometimes), a local model run by sorft (the
 //! policy itself or another directory), and an OpenAI-compatible endpoint.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,6 +13,7 @@ use crate::model::chat::{self, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::{Model, Tokenizer};
 use crate::rft::openai::{ChatClient, ChatRequest};
+use crate::swe::bm25::Bm25Index;
 use crate::swe::subtask::{Subtask, SubtaskRecord};
 
 /// One prompt for a teacher: the subtask record and the issue text it was built from.
@@ -84,6 +86,86 @@ impl Default for BuiltinTeacher {
     }
 }
 
+/// What an issue text says about where its code lives: `from pkg import mod` lines of its
+/// snippets, file paths of its traceback, and `name(` calls.
+struct Evidence {
+    /// (import line, `pkg/mod.py` path it implies).
+    imports: Vec<(String, String)>,
+    /// Paths named by traceback frames.
+    traceback: Vec<String>,
+    /// Calls written in the issue (`module.func(...)` up to the opening parenthesis).
+    calls: Vec<String>,
+}
+
+impl Evidence {
+    fn of(problem: &str) -> Self {
+        let mut imports = Vec::new();
+        let mut traceback = Vec::new();
+        let mut calls = Vec::new();
+        for line in problem.lines() {
+            let t = line.trim();
+            if let Some(rest) = t.strip_prefix("from ") {
+                if let Some((pkg, names)) = rest.split_once(" import ") {
+                    for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                        let path = format!("{}/{}.py", pkg.replace('.', "/"), name);
+                        imports.push((t.to_string(), path));
+                    }
+                }
+            }
+            if let Some(rest) = t.strip_prefix("File \"") {
+                if let Some((path, _)) = rest.split_once('"') {
+                    traceback.push(path.to_string());
+                }
+            }
+        }
+        let bytes = problem.as_bytes();
+        let mut start = None;
+        for (i, &b) in bytes.iter().enumerate() {
+            let ident = b.is_ascii_alphanumeric() || b == b'_' || b == b'.';
+            match (ident, start) {
+                (true, None) => start = Some(i),
+                (false, Some(s)) => {
+                    if b == b'(' && i > s + 1 {
+                        calls.push(problem[s..i].to_string());
+                    }
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        Self {
+            imports,
+            traceback,
+            calls,
+        }
+    }
+
+    /// The import line that names `path` as a module, if any.
+    fn module_path(&self, path: &str) -> Option<&str> {
+        self.imports
+            .iter()
+            .find(|(_, p)| path == p || path.ends_with(&format!("/{p}")))
+            .map(|(line, _)| line.as_str())
+    }
+
+    /// The traceback path that ends with `path`, if any.
+    fn traceback_hit(&self, path: &str) -> Option<&str> {
+        self.traceback
+            .iter()
+            .find(|t| t.ends_with(&format!("/{path}")) || t.as_str() == path)
+            .map(String::as_str)
+    }
+
+    /// A call in the issue whose last name is the last part of the definition `name`.
+    fn call_of(&self, name: &str) -> Option<&str> {
+        let last = name.rsplit('.').next().unwrap_or(name);
+        self.calls
+            .iter()
+            .find(|c| c.rsplit('.').next() == Some(last))
+            .map(String::as_str)
+    }
+}
+
 fn file_stem(path: &str) -> String {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.split('.').next().unwrap_or(name).to_lowercase()
@@ -130,16 +212,23 @@ impl BuiltinTeacher {
                 if files.is_empty() {
                     return "<think>Nothing to choose from.</think>\n```\n```".into();
                 }
+                let ev = Evidence::of(item.problem);
+                let bm = Bm25Index::new(
+                    files
+                        .iter()
+                        .map(|f| (f.clone(), f.replace(['/', '.'], " "))),
+                );
+                let bm_scores: BTreeMap<String, f64> =
+                    bm.search(item.problem, files.len()).into_iter().collect();
                 let scores: Vec<f64> = files
                     .iter()
                     .map(|f| {
                         let stem = file_stem(f);
                         let mut s = if words.contains(&stem) { 3.0 } else { 0.0 };
-                        s += f
-                            .split('/')
-                            .filter(|p| words.contains(&file_stem(p)))
-                            .count() as f64
-                            * 0.5;
+                        s += bm_scores.get(f).copied().unwrap_or(0.0).min(4.0) * 0.5;
+                        if ev.module_path(f).is_some() {
+                            s += 2.0;
+                        }
                         if crate::swe::codemap::is_test_path(f) {
                             s -= 2.0;
                         }
@@ -154,29 +243,59 @@ impl BuiltinTeacher {
                         chosen.push(files[second].clone());
                     }
                 }
-                let hits: Vec<&String> = words
-                    .iter()
-                    .filter(|w| files.iter().any(|f| file_stem(f) == **w))
-                    .collect();
-                format!(
-                    "<think>The issue mentions {}. The module that matches best is {}, so the fix most likely belongs there.</think>\n```\n{}\n```",
-                    if hits.is_empty() { "no file by name".to_string() } else { mention_list(&hits) },
-                    chosen[0],
-                    chosen.join("\n")
-                )
+                // The reasoning quotes the issue's own words that point at the chosen file.
+                let why = match (ev.module_path(&chosen[0]), ev.traceback_hit(&chosen[0])) {
+                    (Some(import), _) => format!(
+                        "The snippet in the issue runs `{import}`, so the code it exercises lives in {}.",
+                        chosen[0]
+                    ),
+                    (None, Some(tb)) => format!(
+                        "The traceback passes through `{tb}`, which is {} in the repository.",
+                        chosen[0]
+                    ),
+                    (None, None) => {
+                        let hits: Vec<&String> = words
+                            .iter()
+                            .filter(|w| files.iter().any(|f| file_stem(f) == **w))
+                            .collect();
+                        format!(
+                            "The issue mentions {}. The module that matches best is {}, so the fix most likely belongs there.",
+                            if hits.is_empty() { "no file by name".to_string() } else { mention_list(&hits) },
+                            chosen[0]
+                        )
+                    }
+                };
+                format!("<think>{why}</think>\n```\n{}\n```", chosen.join("\n"))
             }
             Subtask::Function => {
                 let fs = &r.shown.functions;
                 if fs.is_empty() {
                     return "<think>No definitions shown.</think>\n```\n```".into();
                 }
+                let ev = Evidence::of(item.problem);
+                let bm = Bm25Index::new(
+                    fs.iter()
+                        .enumerate()
+                        .map(|(i, f)| (i.to_string(), format!("{} {}", f.path, f.name))),
+                );
+                let mut bm_scores = vec![0.0; fs.len()];
+                for (id, sc) in bm.search(item.problem, fs.len()) {
+                    if let Ok(i) = id.parse::<usize>() {
+                        bm_scores[i] = sc;
+                    }
+                }
                 let scores: Vec<f64> = fs
                     .iter()
-                    .map(|f| {
+                    .enumerate()
+                    .map(|(i, f)| {
                         let parts: Vec<String> =
                             f.name.split('.').map(|p| p.to_lowercase()).collect();
                         let mut s =
                             parts.iter().filter(|p| words.contains(*p)).count() as f64 * 2.0;
+                        s += bm_scores[i].min(4.0) * 0.25;
+                        if ev.call_of(&f.name).is_some() {
+                            s += 1.0;
+                        }
                         if words.contains(&file_stem(&f.path)) {
                             s += 0.5;
                         }
@@ -188,10 +307,18 @@ impl BuiltinTeacher {
                     .collect();
                 let i = pick(rng, &scores, self.temperature);
                 let f = &fs[i];
+                let why = match ev.call_of(&f.name) {
+                    Some(call) => format!(
+                        "The issue calls `{call}`; `{}` is defined in {}, so that is the place to inspect.",
+                        f.name, f.path
+                    ),
+                    None => format!(
+                        "The failing call in the issue goes through `{}`; its definition in {} is the place to inspect.",
+                        f.name, f.path
+                    ),
+                };
                 format!(
-                    "<think>The failing call in the issue goes through `{}`; its definition in {} is the place to inspect.</think>\n```\n{}\n{}: {}\n```",
-                    f.name,
-                    f.path,
+                    "<think>{why}</think>\n```\n{}\n{}: {}\n```",
                     f.path,
                     f.kind.word(),
                     f.name

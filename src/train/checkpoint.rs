@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::engine::cpu::bytes_to_f32;
 use crate::engine::rng::mix64;
-use crate::engine::DType;
+use crate::engine::{Backend, DType, Tensor};
 use crate::model::weights::{write_atomic, HostTensor};
 use crate::train::error::{Result, TrainError};
 
@@ -227,4 +227,43 @@ pub fn prune(root: &Path, keep: usize) -> Result<()> {
         io(dir, std::fs::remove_dir_all(dir))?;
     }
     Ok(())
+}
+
+/// Copies named tensors to the host as f32, their names prefixed.
+pub fn host_tensors<B: Backend>(
+    be: &B,
+    named: Vec<(String, &Tensor<B>)>,
+    prefix: &str,
+) -> Result<BTreeMap<String, HostTensor>> {
+    let mut out = BTreeMap::new();
+    for (n, t) in named {
+        out.insert(
+            format!("{prefix}{n}"),
+            HostTensor::f32(t.shape(), &be.to_host_f32(t)?),
+        );
+    }
+    Ok(out)
+}
+
+/// Files copied from the base model into checkpoints and exports.
+pub const MODEL_SIDE_FILES: [&str; 4] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
+
+/// The [`MODEL_SIDE_FILES`] present in `model_dir`, read.
+pub fn side_files(model_dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for f in MODEL_SIDE_FILES {
+        let p = model_dir.join(f);
+        if p.exists() {
+            out.push((
+                f.to_string(),
+                std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?,
+            ));
+        }
+    }
+    Ok(out)
 }

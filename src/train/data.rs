@@ -1,6 +1,8 @@
-//! Chat-format JSONL for supervised fine-tuning: `{"messages":[{"role":..,"content":..},..]}` per
-//! line (optional `"weight"`), encoded with the ChatML template so that the loss falls on
-//! assistant tokens only; a deterministic held-out split; packed batches per epoch.
+//! JSONL for supervised fine-tuning: chat lines `{"messages":[{"role":..,"content":..},..]}`
+//! (optional `"weight"`), encoded with the ChatML template so that the loss falls on assistant
+//! tokens only, and plain-text lines `{"text": ".."}` for causal language modelling (loss on every
+//! token; long documents are cut into windows); a deterministic held-out split; packed batches per
+//! epoch.
 
 use std::path::Path;
 
@@ -12,11 +14,13 @@ use crate::model::Tokenizer;
 use crate::train::error::{Result, TrainError};
 use crate::train::forward::Sequence;
 
-/// One conversation from a JSONL file.
+/// One conversation (or plain-text document) from a JSONL file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChatExample {
-    /// The messages.
+    /// The messages (empty for a plain-text document).
     pub messages: Vec<Message>,
+    /// A plain-text document trained on every token, instead of messages.
+    pub text: Option<String>,
     /// Loss weight of its tokens.
     pub weight: f32,
 }
@@ -33,10 +37,33 @@ pub fn read_chat_jsonl(path: &Path) -> Result<Vec<ChatExample>> {
         let at = |field: &str| format!("line {}: {field}", n + 1);
         let v: Value = serde_json::from_str(line)
             .map_err(|e| TrainError::invalid(path, at("json"), e.to_string()))?;
-        let msgs = v
-            .get("messages")
-            .and_then(Value::as_array)
-            .ok_or_else(|| TrainError::invalid(path, at("messages"), "missing or not a list"))?;
+        let weight = match v.get("weight") {
+            None | Some(Value::Null) => 1.0,
+            Some(w) => w
+                .as_f64()
+                .filter(|w| w.is_finite() && *w >= 0.0)
+                .ok_or_else(|| {
+                    TrainError::invalid(path, at("weight"), format!("{w} is not a number >= 0"))
+                })? as f32,
+        };
+        if let Some(t) = v.get("text") {
+            let text = t
+                .as_str()
+                .ok_or_else(|| TrainError::invalid(path, at("text"), "not a string"))?;
+            out.push(ChatExample {
+                messages: Vec::new(),
+                text: Some(text.to_string()),
+                weight,
+            });
+            continue;
+        }
+        let msgs = v.get("messages").and_then(Value::as_array).ok_or_else(|| {
+            TrainError::invalid(
+                path,
+                at("messages"),
+                "missing (and no \"text\") or not a list",
+            )
+        })?;
         let mut messages = Vec::with_capacity(msgs.len());
         for (i, m) in msgs.iter().enumerate() {
             let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
@@ -69,16 +96,11 @@ pub fn read_chat_jsonl(path: &Path) -> Result<Vec<ChatExample>> {
                 "no assistant message to train on",
             ));
         }
-        let weight = match v.get("weight") {
-            None | Some(Value::Null) => 1.0,
-            Some(w) => w
-                .as_f64()
-                .filter(|w| w.is_finite() && *w >= 0.0)
-                .ok_or_else(|| {
-                    TrainError::invalid(path, at("weight"), format!("{w} is not a number >= 0"))
-                })? as f32,
-        };
-        out.push(ChatExample { messages, weight });
+        out.push(ChatExample {
+            messages,
+            text: None,
+            weight,
+        });
     }
     if out.is_empty() {
         return Err(TrainError::invalid(
@@ -91,7 +113,8 @@ pub fn read_chat_jsonl(path: &Path) -> Result<Vec<ChatExample>> {
 }
 
 /// Encodes conversations into training sequences of at most `max_len` tokens (longer ones are
-/// cut); conversations with no assistant token left are dropped. Returns the sequences and the
+/// cut); conversations with no assistant token left are dropped. Plain-text documents become
+/// consecutive windows of `max_len` tokens trained on every token. Returns the sequences and the
 /// number dropped.
 pub fn encode_examples(
     tok: &Tokenizer,
@@ -101,6 +124,20 @@ pub fn encode_examples(
     let mut out = Vec::with_capacity(examples.len());
     let mut dropped = 0;
     for ex in examples {
+        if let Some(text) = &ex.text {
+            let ids = tok.encode(text)?;
+            for w in ids.chunks(max_len.max(2)) {
+                if w.len() < 2 {
+                    continue;
+                }
+                out.push(Sequence {
+                    ids: w.to_vec(),
+                    mask: vec![1; w.len()],
+                    weight: ex.weight,
+                });
+            }
+            continue;
+        }
         let (mut ids, mut mask) = encode(tok, &ex.messages, false)?;
         ids.truncate(max_len);
         mask.truncate(max_len);
@@ -191,6 +228,36 @@ mod tests {
         for b in &b0 {
             assert!(b.iter().map(|&i| lens[i]).sum::<usize>() <= 64);
         }
+    }
+
+    #[test]
+    fn plain_text_lines_train_on_every_token_in_windows_and_bad_text_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.jsonl");
+        std::fs::write(
+            &p,
+            "{\"text\": \"def f(x):\\n    return x + 1\\n\"}\n{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n",
+        )
+        .unwrap();
+        let ex = read_chat_jsonl(&p).unwrap();
+        assert_eq!(ex.len(), 2);
+        assert!(ex[0].messages.is_empty() && ex[0].text.is_some());
+        let tok = crate::model::init::train_tokenizer(
+            &["def f(x):\n    return x + 1\nhi yo".to_string()],
+            300,
+        )
+        .map(|t| crate::model::Tokenizer::from_inner(t, std::path::PathBuf::new()))
+        .unwrap();
+        let n = tok.encode("def f(x):\n    return x + 1\n").unwrap().len();
+        assert!(n >= 4, "{n}");
+        let (seqs, dropped) = encode_examples(&tok, &ex[..1], 3).unwrap();
+        assert_eq!(dropped, 0);
+        // Windows of 3 tokens cover the document; a 1-token tail trains nothing and is skipped.
+        assert_eq!(seqs.len(), n / 3 + usize::from(n % 3 >= 2));
+        assert!(seqs.iter().all(|s| s.mask.iter().all(|&m| m == 1)));
+        std::fs::write(&p, "{\"text\": 5}\n").unwrap();
+        let e = read_chat_jsonl(&p).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("text"), "{e}");
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! AdamW with fp32 moments, global-norm gradient clipping, and a cosine learning-rate schedule
 //! with linear warmup.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use crate::engine::backend::AdamWParams;
-use crate::engine::{Backend, DType, Tensor};
+use crate::engine::{Backend, DType, HostData, Tensor};
+use crate::model::weights::HostTensor;
+use crate::train::checkpoint::read_f32_tensors;
 use crate::train::error::{Result, TrainError};
 use crate::train::params::Grads;
 
@@ -175,6 +180,45 @@ impl<B: Backend> AdamW<B> {
             grad_norm,
             clipped,
         })
+    }
+}
+
+impl<B: Backend> AdamW<B> {
+    /// The moments as host tensors named `m.<param>` and `v.<param>` (for checkpoints).
+    pub fn state_tensors(&self, be: &B) -> Result<BTreeMap<String, HostTensor>> {
+        let mut out = BTreeMap::new();
+        for (i, name) in self.names.iter().enumerate() {
+            for (kind, t) in [("m", &self.m[i]), ("v", &self.v[i])] {
+                out.insert(
+                    format!("{kind}.{name}"),
+                    HostTensor::f32(t.shape(), &be.to_host_f32(t)?),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads the moments written by [`AdamW::state_tensors`] from a safetensors file; a missing
+    /// tensor or a wrong shape is an error naming the file and the tensor.
+    pub fn load_state(&mut self, be: &B, path: &Path) -> Result<()> {
+        let moments = read_f32_tensors(path)?;
+        for i in 0..self.names.len() {
+            for (kind, dst) in [("m", &mut self.m[i]), ("v", &mut self.v[i])] {
+                let key = format!("{kind}.{}", self.names[i]);
+                let (shape, data) = moments
+                    .get(&key)
+                    .ok_or_else(|| TrainError::invalid(path, &key, "missing"))?;
+                if shape.as_slice() != dst.shape() {
+                    return Err(TrainError::invalid(
+                        path,
+                        &key,
+                        format!("shape {shape:?}, expected {:?}", dst.shape()),
+                    ));
+                }
+                *dst = be.upload(HostData::F32(data), shape)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -3,7 +3,6 @@
 //! checkpoints every N steps with exact resume, a clean stop on request (Ctrl-C), and the final
 //! export (an HF model directory, plus a PEFT adapter for LoRA runs).
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,14 +11,14 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::engine::{Backend, HostData};
+use crate::engine::Backend;
 use crate::model::chat::{encode, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::transformer::Model;
-use crate::model::weights::{write_atomic, HostTensor};
+use crate::model::weights::write_atomic;
 use crate::model::Tokenizer;
 use crate::train::backward::backward;
-use crate::train::checkpoint::{self, read_f32_tensors, safetensors_bytes};
+use crate::train::checkpoint::{self, host_tensors, safetensors_bytes, side_files};
 use crate::train::data::{
     encode_examples, epoch_batches, read_chat_jsonl, split_held_out, ChatExample,
 };
@@ -306,43 +305,6 @@ pub fn greedy_exact_match<B: Backend>(
     Ok(hits as f64 / reqs.len() as f64)
 }
 
-fn host_tensors<B: Backend>(
-    be: &B,
-    named: Vec<(String, &crate::engine::Tensor<B>)>,
-    prefix: &str,
-) -> Result<BTreeMap<String, HostTensor>> {
-    let mut out = BTreeMap::new();
-    for (n, t) in named {
-        out.insert(
-            format!("{prefix}{n}"),
-            HostTensor::f32(t.shape(), &be.to_host_f32(t)?),
-        );
-    }
-    Ok(out)
-}
-
-/// Files copied from the base model into checkpoints and exports.
-const MODEL_SIDE_FILES: [&str; 4] = [
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "generation_config.json",
-];
-
-fn side_files(model_dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut out = Vec::new();
-    for f in MODEL_SIDE_FILES {
-        let p = model_dir.join(f);
-        if p.exists() {
-            out.push((
-                f.to_string(),
-                std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?,
-            ));
-        }
-    }
-    Ok(out)
-}
-
 struct Run<B: Backend> {
     be: B,
     cfg: SftConfig,
@@ -373,18 +335,7 @@ impl<B: Backend> Run<B> {
                 files.push(("model.safetensors".into(), safetensors_bytes(&t)?));
             }
         }
-        let mut moments = BTreeMap::new();
-        for (i, name) in self.opt.names.iter().enumerate() {
-            let (m, v) = (&self.opt.m[i], &self.opt.v[i]);
-            moments.insert(
-                format!("m.{name}"),
-                HostTensor::f32(m.shape(), &self.be.to_host_f32(m)?),
-            );
-            moments.insert(
-                format!("v.{name}"),
-                HostTensor::f32(v.shape(), &self.be.to_host_f32(v)?),
-            );
-        }
+        let moments = self.opt.state_tensors(&self.be)?;
         files.push(("optimizer.safetensors".into(), safetensors_bytes(&moments)?));
         let state = TrainState {
             format: STATE_FORMAT.into(),
@@ -617,24 +568,7 @@ pub fn run_sft<B: Backend>(
     };
     let mut start_step = 0u64;
     if let (Some(d), Some(st)) = (&ckpt, &state) {
-        let p = d.join("optimizer.safetensors");
-        let moments = read_f32_tensors(&p)?;
-        for i in 0..opt.names.len() {
-            for (kind, dst) in [("m", &mut opt.m[i]), ("v", &mut opt.v[i])] {
-                let key = format!("{kind}.{}", opt.names[i]);
-                let (shape, data) = moments
-                    .get(&key)
-                    .ok_or_else(|| TrainError::invalid(&p, &key, "missing"))?;
-                if shape.as_slice() != dst.shape() {
-                    return Err(TrainError::invalid(
-                        &p,
-                        &key,
-                        format!("shape {shape:?}, expected {:?}", dst.shape()),
-                    ));
-                }
-                *dst = be.upload(HostData::F32(data), shape)?;
-            }
-        }
+        opt.load_state(be, &d.join("optimizer.safetensors"))?;
         opt.step = st.step;
         start_step = st.step;
     }

@@ -1,0 +1,121 @@
+//! `sorft rl`: stage 2 on its own — RL with rule-based rewards from a stage-1 model over the
+//! subtask prompts of a set of instances, with checkpoints, exact resume and a clean save on
+//! Ctrl-C.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use sorft::engine::Cpu;
+use sorft::rft::rl::{Algorithm, RlConfig};
+use sorft::rft::rl_run::{load_items, run_rl, RlRun};
+use sorft::swe::instance::read_jsonl;
+
+/// Arguments of `sorft rl`.
+#[derive(Args, Debug)]
+pub struct RlArgs {
+    /// The starting policy (a stage-1 model directory); it is also the frozen reference.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Training instances (SWE-bench-style JSONL).
+    #[arg(long)]
+    pub instances: PathBuf,
+    /// Repository mirrors of the instances.
+    #[arg(long)]
+    pub repos: PathBuf,
+    /// Output directory (metrics.jsonl, checkpoints/, final/).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// ppo, grpo or rloo.
+    #[arg(long, default_value = "grpo")]
+    pub algorithm: String,
+    /// Optimizer steps (one rollout batch each).
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// Prompts per rollout batch.
+    #[arg(long, default_value_t = 8)]
+    pub prompts_per_step: usize,
+    /// Responses per prompt.
+    #[arg(long, default_value_t = 4)]
+    pub group_size: usize,
+    /// Policy learning rate.
+    #[arg(long, default_value_t = 2e-5)]
+    pub lr: f32,
+    /// KL coefficient.
+    #[arg(long, default_value_t = 0.02)]
+    pub kl_coef: f32,
+    /// Most tokens per response.
+    #[arg(long, default_value_t = 96)]
+    pub max_new_tokens: usize,
+    /// Save a checkpoint every N steps (0 = at the end only).
+    #[arg(long, default_value_t = 4)]
+    pub save_every: usize,
+    /// Seed of prompt choice and sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Resume from the newest good checkpoint in --out (a fresh run when there is none).
+    #[arg(long)]
+    pub resume: bool,
+}
+
+/// Runs `sorft rl`.
+pub fn run(a: RlArgs) -> Result<()> {
+    let algorithm = match a.algorithm.to_ascii_lowercase().as_str() {
+        "ppo" => Algorithm::Ppo,
+        "grpo" => Algorithm::Grpo,
+        "rloo" => Algorithm::Rloo,
+        other => anyhow::bail!("--algorithm {other:?}: expected ppo, grpo or rloo"),
+    };
+    let cfg = RlConfig {
+        algorithm,
+        steps: a.steps,
+        prompts_per_step: a.prompts_per_step,
+        group_size: a.group_size,
+        lr: a.lr,
+        kl_coef: a.kl_coef,
+        max_new_tokens: a.max_new_tokens,
+        save_every: a.save_every,
+        seed: a.seed,
+        ..RlConfig::default()
+    };
+    let instances = read_jsonl(&a.instances)?;
+    let items = load_items(&instances, &a.repos)?;
+    if items.is_empty() {
+        anyhow::bail!(
+            "{}: no instance gives a subtask prompt",
+            a.instances.display()
+        );
+    }
+    super::interrupt::install();
+    let run = RlRun {
+        model: a.model.clone(),
+        out: a.out.clone(),
+        resume: a.resume,
+    };
+    let out = run_rl(&Cpu, &run, &cfg, &items, &super::interrupt::STOP, &mut |m| {
+        eprintln!(
+            "step {}/{}: reward {:.3} (std {:.3}) kl {:.4} entropy {:.3} clip {:.3} | rollout {:.1}s reward {:.2}s train {:.1}s",
+            m.step, cfg.steps, m.reward_mean, m.reward_std, m.kl, m.entropy, m.clip_frac,
+            m.time_rollout, m.time_reward, m.time_train
+        )
+    })
+    .with_context(|| format!("rl from {}", a.model.display()))?;
+    match out.final_dir {
+        Some(d) => eprintln!(
+            "rl: done, {} steps{}; policy in {}",
+            cfg.steps,
+            if out.resumed_from > 0 {
+                format!(" (resumed at step {})", out.resumed_from)
+            } else {
+                String::new()
+            },
+            d.display()
+        ),
+        None => eprintln!(
+            "rl: interrupted after step {}; resume with --resume",
+            out.metrics.last().map(|m| m.step).unwrap_or(0)
+        ),
+    }
+    Ok(())
+}

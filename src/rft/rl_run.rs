@@ -1,0 +1,142 @@
+//! A whole stage-2 run on disk: policy and reference from a model directory, steps with metrics
+//! appended to `OUT/metrics.jsonl`, checkpoints under `OUT/checkpoints/` every `save_every` steps
+//! (and when stopped), exact resume from the newest good one, and the final policy exported to
+//! `OUT/final/` as a model directory.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+
+use crate::engine::Backend;
+use crate::model::load_dir;
+use crate::rft::rl::{export_policy, RlConfig, RlItem, RlMetrics, RlTrainer};
+use crate::train::checkpoint;
+
+/// Where a run reads and writes.
+#[derive(Clone, Debug)]
+pub struct RlRun {
+    /// The starting policy (the stage-1 model), which is also the frozen reference.
+    pub model: PathBuf,
+    /// Output directory.
+    pub out: PathBuf,
+    /// Resume from the newest good checkpoint in `out/checkpoints` (a fresh run when there is none).
+    pub resume: bool,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct RlOutcome {
+    /// Metrics of every step (those before a resume are read back from `metrics.jsonl`).
+    pub metrics: Vec<RlMetrics>,
+    /// The exported policy, when the run reached its last step.
+    pub final_dir: Option<PathBuf>,
+    /// The step the run resumed from (0 for a fresh run).
+    pub resumed_from: usize,
+}
+
+/// Metrics lines of steps up to `step`, parsed back (lines of a run killed later are dropped).
+fn read_metrics(path: &Path, step: usize) -> Vec<(String, RlMetrics)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let m: RlMetrics = serde_json::from_str(l).ok()?;
+            (m.step <= step).then(|| (l.to_string(), m))
+        })
+        .collect()
+}
+
+/// Runs (or resumes) stage 2 to `cfg.steps` steps, or until `stop` is set (a checkpoint is saved
+/// then). `on_step` sees every new step's metrics.
+pub fn run_rl<B: Backend>(
+    be: &B,
+    run: &RlRun,
+    cfg: &RlConfig,
+    items: &[RlItem],
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&RlMetrics),
+) -> anyhow::Result<RlOutcome> {
+    let root = run.out.join("checkpoints");
+    let metrics_path = run.out.join("metrics.jsonl");
+    let (mut policy, tok) = load_dir(be, &run.model)?;
+    let tok = tok.with_context(|| format!("{}: no tokenizer.json", run.model.display()))?;
+    let (reference, _) = load_dir(be, &run.model)?;
+    let mut trainer = RlTrainer::new(&policy, &tok, items, cfg.clone())?;
+    let existing = checkpoint::list(&root)?;
+    let mut history = Vec::new();
+    if run.resume {
+        if let (Some(dir), _) = checkpoint::latest_good(&root, false)? {
+            policy = trainer.resume(&dir, &run.model, be)?;
+            history = read_metrics(&metrics_path, trainer.step);
+        }
+    } else if !existing.is_empty() {
+        anyhow::bail!(
+            "{} holds checkpoints of an earlier run; pass --resume to continue it or choose another output directory",
+            root.display()
+        );
+    }
+    let resumed_from = trainer.step;
+    std::fs::create_dir_all(&run.out).with_context(|| run.out.display().to_string())?;
+    let kept: String = history.iter().map(|(l, _)| format!("{l}\n")).collect();
+    crate::model::weights::write_atomic(&metrics_path, kept.as_bytes())?;
+    let mut metrics: Vec<RlMetrics> = history.into_iter().map(|(_, m)| m).collect();
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&metrics_path)
+        .with_context(|| metrics_path.display().to_string())?;
+    let mut saved_at = trainer.step;
+    while trainer.step < cfg.steps {
+        let m = trainer.step(&mut policy, &reference, &tok, items)?;
+        writeln!(log, "{}", serde_json::to_string(&m)?)?;
+        log.flush()?;
+        on_step(&m);
+        metrics.push(m);
+        let stopping = stop.load(Ordering::Relaxed);
+        if stopping || (cfg.save_every > 0 && trainer.step % cfg.save_every == 0) {
+            trainer.save_checkpoint(&policy, &run.model, &run.model, &root)?;
+            saved_at = trainer.step;
+        }
+        if stopping {
+            return Ok(RlOutcome {
+                metrics,
+                final_dir: None,
+                resumed_from,
+            });
+        }
+    }
+    if saved_at != trainer.step {
+        trainer.save_checkpoint(&policy, &run.model, &run.model, &root)?;
+    }
+    let final_dir = run.out.join("final");
+    export_policy(&policy, &run.model, &final_dir)?;
+    Ok(RlOutcome {
+        metrics,
+        final_dir: Some(final_dir),
+        resumed_from,
+    })
+}
+
+/// The stage-2 prompts of `instances` (one per subtask with ground truth), from the mirrors in
+/// `repos`.
+pub fn load_items(
+    instances: &[crate::swe::instance::Instance],
+    repos: &Path,
+) -> anyhow::Result<Vec<RlItem>> {
+    let store = crate::swe::repo::RepoStore::new(repos);
+    let mut out = Vec::new();
+    for inst in instances {
+        let snap = store.snapshot(&inst.repo, &inst.base_commit)?;
+        let gt = crate::swe::truth::ground_truth(&inst.patch, &snap)
+            .with_context(|| format!("{}: ground truth", inst.instance_id))?;
+        for r in crate::swe::subtask::training_records(inst, &snap, &gt) {
+            out.push(RlItem {
+                record: r,
+                problem: inst.problem_statement.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
