@@ -45,6 +45,10 @@ pub struct ModelSection {
     pub warmup_epochs: u64,
     /// Warm-up learning rate.
     pub warmup_lr: f32,
+    /// Tokens per warm-up micro-batch (and longest warm-up window).
+    pub warmup_batch_tokens: usize,
+    /// Package-renamed copies of each warm-up document (see `pipeline::augment`).
+    pub warmup_renames: usize,
 }
 
 impl Default for ModelSection {
@@ -53,6 +57,8 @@ impl Default for ModelSection {
             preset: Preset::Small,
             warmup_epochs: 2,
             warmup_lr: 2e-3,
+            warmup_batch_tokens: 1024,
+            warmup_renames: 3,
         }
     }
 }
@@ -73,6 +79,8 @@ pub struct Stage1Config {
     pub batch_tokens: usize,
     /// Longest example in tokens.
     pub max_len: usize,
+    /// Package-renamed copies of each accepted example (see `pipeline::augment`).
+    pub renames: usize,
 }
 
 impl Default for Stage1Config {
@@ -82,8 +90,9 @@ impl Default for Stage1Config {
             teacher_temperature: 0.7,
             epochs: 3,
             lr: 1e-3,
-            batch_tokens: 4096,
+            batch_tokens: 2048,
             max_len: 2048,
+            renames: 2,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Orchestration of whole runs (`sorft repro`) and their reports.
 
+pub mod augment;
 pub mod config;
 pub mod plot;
 pub mod repro;

@@ -24,7 +24,11 @@ use crate::pipeline::plot::{bar_chart, line_chart, Series};
 use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
 use crate::rft::rl::{RlItem, RlMetrics};
 use crate::rft::rl_run::{run_rl, RlRun};
-use crate::rft::teacher::{rejection_filter, Acceptance, BuiltinTeacher, Teacher, TeacherItem};
+use crate::engine::rng::{random_u64, SplitMix};
+use crate::pipeline::augment::{fresh_name, package_of, Renamer};
+use crate::rft::teacher::{
+    rejection_filter_indexed, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
+};
 use crate::swe::instance::{write_jsonl, Instance};
 use crate::swe::repo::{RepoStore, Snapshot};
 use crate::swe::subtask::{training_records, Subtask, SubtaskRecord};
@@ -270,14 +274,17 @@ pub fn run_repro(
     let snapshot =
         |i: &Instance| -> anyhow::Result<Snapshot> { Ok(store.snapshot(&i.repo, &i.base_commit)?) };
     let mut train_items: Vec<RlItem> = Vec::new();
-    let mut code_files: BTreeMap<String, String> = BTreeMap::new();
+    let mut code_files: BTreeMap<String, (String, String)> = BTreeMap::new();
     for inst in &train {
         let snap = snapshot(inst)?;
         let gt = ground_truth(&inst.patch, &snap)?;
         for p in snap.paths() {
             if p.ends_with(".py") {
                 if let Some(text) = snap.text(p) {
-                    code_files.insert(format!("{}/{p}", inst.repo), text.to_string());
+                    code_files.insert(
+                        format!("{}/{p}", inst.repo),
+                        (inst.repo.clone(), text.to_string()),
+                    );
                 }
             }
         }
@@ -300,7 +307,7 @@ pub fn run_repro(
     let t = Instant::now();
     status.phase("model: tokenizer and random initialisation");
     let mut corpus = vec![EMBEDDED_CORPUS.to_string()];
-    corpus.extend(code_files.values().cloned());
+    corpus.extend(code_files.values().map(|(_, t)| t.clone()));
     corpus.extend(train_items.iter().take(64).map(|i| i.record.prompt.clone()));
     let initial = out.join("models").join("random");
     init_model(cfg.model.preset, &initial, cfg.seed, &corpus)?;
@@ -310,20 +317,34 @@ pub fn run_repro(
     let warm_data = out.join("warmup.jsonl");
     // Plain-text documents: the training repositories' code and the training issues' text
     // (unlabelled: no answers), every token trained.
-    let mut docs: Vec<String> = code_files
+    let mut originals: Vec<(&str, String)> = code_files
         .iter()
-        .map(|(p, text)| format!("# {p}\n{text}"))
+        .map(|(p, (repo, text))| (repo.as_str(), format!("# {p}\n{text}")))
         .collect();
-    docs.extend(train.iter().map(|i| i.problem_statement.clone()));
+    originals.extend(
+        train
+            .iter()
+            .map(|i| (i.repo.as_str(), i.problem_statement.clone())),
+    );
+    let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 1));
+    let mut docs = Vec::new();
+    for (repo, text) in &originals {
+        docs.push(text.clone());
+        if let Some(r) = Renamer::new(package_of(repo)) {
+            for _ in 0..cfg.model.warmup_renames {
+                docs.push(r.apply(text, &fresh_name(&mut rng)));
+            }
+        }
+    }
     text_jsonl(&warm_data, &docs)?;
-    let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32| {
+    let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32, batch: usize| {
         let mut c = SftConfig {
             model: model.to_path_buf(),
             data: data.to_path_buf(),
             out: out.join(dir),
             epochs,
-            batch_tokens: cfg.stage1.batch_tokens,
-            max_len: cfg.stage1.max_len,
+            batch_tokens: batch,
+            max_len: cfg.stage1.max_len.min(batch),
             eval_fraction: 0.05,
             save_every: 0,
             keep_last: 1,
@@ -342,6 +363,7 @@ pub fn run_repro(
             "warmup",
             cfg.model.warmup_epochs,
             cfg.model.warmup_lr,
+            cfg.model.warmup_batch_tokens,
         ),
         resume,
         stop,
@@ -362,7 +384,23 @@ pub fn run_repro(
         temperature: cfg.stage1.teacher_temperature,
     };
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let (kept, acceptance) = rejection_filter(&items, &samples, cfg.stage2.edit_reward);
+    let (kept_idx, acceptance) =
+        rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+    let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
+    let mut kept = Vec::new();
+    for (i, conv) in kept_idx {
+        if let Some(r) = Renamer::new(package_of(&items[i].record.repo)) {
+            for _ in 0..cfg.stage1.renames {
+                let to = fresh_name(&mut rng);
+                kept.push(
+                    conv.iter()
+                        .map(|m| Message::new(&m.role, &r.apply(&m.content, &to)))
+                        .collect(),
+                );
+            }
+        }
+        kept.push(conv);
+    }
     for (k, a) in &acceptance {
         writeln!(
             metrics,
@@ -375,7 +413,14 @@ pub fn run_repro(
     let sft_dir = sft(
         &status,
         "stage 1",
-        sft_cfg(&warm, &s1_data, "stage1", cfg.stage1.epochs, cfg.stage1.lr),
+        sft_cfg(
+            &warm,
+            &s1_data,
+            "stage1",
+            cfg.stage1.epochs,
+            cfg.stage1.lr,
+            cfg.stage1.batch_tokens.max(cfg.stage1.max_len),
+        ),
         resume,
         stop,
     )?;

@@ -523,9 +523,19 @@ pub fn rejection_filter(
     samples: &[Vec<String>],
     edit_reward: crate::swe::subtask::EditReward,
 ) -> (Vec<Vec<Message>>, BTreeMap<String, Acceptance>) {
+    let (kept, stats) = rejection_filter_indexed(items, samples, edit_reward);
+    (kept.into_iter().map(|(_, c)| c).collect(), stats)
+}
+
+/// As [`rejection_filter`], each kept conversation paired with the index of its item.
+pub fn rejection_filter_indexed(
+    items: &[TeacherItem<'_>],
+    samples: &[Vec<String>],
+    edit_reward: crate::swe::subtask::EditReward,
+) -> (Vec<(usize, Vec<Message>)>, BTreeMap<String, Acceptance>) {
     let mut kept = Vec::new();
     let mut stats: BTreeMap<String, Acceptance> = BTreeMap::new();
-    for (item, outs) in items.iter().zip(samples) {
+    for (i, (item, outs)) in items.iter().zip(samples).enumerate() {
         let st = stats
             .entry(item.record.subtask.name().to_string())
             .or_default();
@@ -541,10 +551,13 @@ pub fn rejection_filter(
                 continue;
             }
             st.kept += 1;
-            kept.push(vec![
-                Message::new("user", &item.record.prompt),
-                Message::new("assistant", text),
-            ]);
+            kept.push((
+                i,
+                vec![
+                    Message::new("user", &item.record.prompt),
+                    Message::new("assistant", text),
+                ],
+            ));
         }
     }
     (kept, stats)

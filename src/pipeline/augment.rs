@@ -1,0 +1,74 @@
+//! Package-name augmentation: copies of a training text with the repository's package name
+//! replaced, consistently, by a fresh made-up name. Held-out repositories have package names the
+//! model never saw, so answering them (every answer names a path) takes copying the name from the
+//! prompt; renamed copies make memorising names useless and copying the only way to lower the loss.
+
+use regex::Regex;
+
+use crate::engine::rng::SplitMix;
+
+const SYLLABLES: [&str; 26] = [
+    "ka", "lo", "mi", "zu", "ter", "van", "pol", "rix", "den", "sa", "mo", "qui", "bel", "dor",
+    "fen", "gal", "hu", "jin", "nor", "pe", "ral", "sen", "tu", "vor", "wex", "ya",
+];
+
+/// A made-up package name: two or three syllables and a number.
+pub fn fresh_name(rng: &mut SplitMix) -> String {
+    let n = 2 + rng.below(2) as usize;
+    let mut s: String = (0..n)
+        .map(|_| SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize])
+        .collect();
+    s.push_str(&rng.below(100).to_string());
+    s
+}
+
+/// A renamer of one package: whole-word occurrences only (`umber3` in `umber3/graph.py` and
+/// `from umber3 import graph`, never inside `umber31`).
+pub struct Renamer {
+    re: Regex,
+}
+
+impl Renamer {
+    /// For `package`; `None` when the name is empty.
+    pub fn new(package: &str) -> Option<Self> {
+        if package.is_empty() {
+            return None;
+        }
+        Regex::new(&format!(r"\b{}\b", regex::escape(package)))
+            .ok()
+            .map(|re| Self { re })
+    }
+
+    /// `text` with the package renamed to `to`.
+    pub fn apply(&self, text: &str, to: &str) -> String {
+        self.re.replace_all(text, regex::NoExpand(to)).into_owned()
+    }
+}
+
+/// The package name of a repository `owner/name`: its last path part.
+pub fn package_of(repo: &str) -> &str {
+    repo.rsplit('/').next().unwrap_or(repo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renames_whole_words_consistently_and_names_are_deterministic_by_seed() {
+        let r = Renamer::new("umber3").unwrap();
+        let t = "from umber3 import graph\nFile \"/home/u/umber3/umber3/graph.py\"\number31 umber3x";
+        let out = r.apply(t, "kalo7");
+        assert_eq!(
+            out,
+            "from kalo7 import graph\nFile \"/home/u/kalo7/kalo7/graph.py\"\number31 umber3x"
+        );
+        let mut a = SplitMix::new(5);
+        let mut b = SplitMix::new(5);
+        let names: Vec<String> = (0..20).map(|_| fresh_name(&mut a)).collect();
+        assert_eq!(names, (0..20).map(|_| fresh_name(&mut b)).collect::<Vec<_>>());
+        assert!(names.iter().collect::<std::collections::BTreeSet<_>>().len() > 15);
+        assert!(Renamer::new("").is_none());
+        assert_eq!(package_of("synth/umber3"), "umber3");
+    }
+}
