@@ -88,6 +88,10 @@ template <typename T> __device__ void embedding_bwd_impl(float* dtable, const T*
         atomicAdd(&dtable[(u64)ids[r] * d + c], to_f32(dx[i]));
     }
 }
+// out[r, c] += bias[c].
+template <typename T> __device__ void add_bias_impl(T* out, const T* bias, u32 rows, u32 cols) {
+    GRID_STRIDE(i, (u64)rows * cols) out[i] = from_f32<T>(to_f32(out[i]) + to_f32(bias[i % cols]));
+}
 // cache[slots[t], pos[t], :] = src[t, :].
 template <typename T>
 __device__ void kv_write_impl(T* cache, const T* src, const u32* slots, const u32* pos, u32 rows, u32 max_seq, u32 f) {
@@ -147,6 +151,7 @@ extern "C" __global__ void cast_bf16_f32(float* out, const bf16* x, u64 n) {
     extern "C" __global__ void embedding_backward_##S(float* dt, const T* dx, const u32* ids, u32 rows, u32 d) { \
         embedding_bwd_impl<T>(dt, dx, ids, rows, d);                                               \
     }                                                                                              \
+    extern "C" __global__ void add_bias_##S(T* o, const T* b, u32 rows, u32 cols) { add_bias_impl<T>(o, b, rows, cols); } \
     extern "C" __global__ void kv_write_##S(T* c, const T* s, const u32* sl, const u32* p, u32 rows, u32 m, u32 f) { \
         kv_write_impl<T>(c, s, sl, p, rows, m, f);                                                 \
     }                                                                                              \

@@ -2,12 +2,15 @@
 
 pub mod bench;
 pub mod data;
+pub mod doctor;
 pub mod eval;
 pub mod generate;
+pub mod kernel_bench;
 pub mod model;
 pub mod repro;
 pub mod sandbox;
 pub mod score;
+pub mod selftest;
 pub mod sft;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +50,10 @@ pub enum Command {
     Sft(sft::SftArgs),
     /// Apply patches and run repository tests isolated, graded like SWE-bench.
     Sandbox(sandbox::SandboxArgs),
+    /// CUDA on this machine: driver, GPUs, libraries, kernels, the backend a run would use.
+    Doctor(doctor::DoctorArgs),
+    /// Check a backend's kernels against references (`--device cuda|cpu`).
+    Selftest(selftest::SelftestArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -76,5 +83,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Data(a) => data::run(a),
         Command::Sft(a) => sft::run(a),
         Command::Sandbox(a) => sandbox::run(a),
+        Command::Doctor(a) => doctor::run(a),
+        Command::Selftest(a) => selftest::run(a),
     }
 }
