@@ -39,8 +39,8 @@ pub struct CudaStorage {
 struct Inner {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    kernels: registry::Kernels,
-    blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
+    kernels: Arc<registry::Kernels>,
+    blas: Option<Arc<Mutex<cudarc::cublas::CudaBlas>>>,
     dtype: DType,
     gpu_name: String,
     ordinal: usize,
@@ -144,10 +144,10 @@ impl Cuda {
             )
             .unwrap_or(1) as u32;
         let gpu_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let kernels = registry::Kernels::load(&ctx, cc, libs.nvrtc)?;
+        let kernels = Arc::new(registry::Kernels::load(&ctx, cc, libs.nvrtc)?);
         let blas = if libs.cublas {
             match cudarc::cublas::CudaBlas::new(stream.clone()) {
-                Ok(b) => Some(Mutex::new(b)),
+                Ok(b) => Some(Arc::new(Mutex::new(b))),
                 Err(e) => {
                     tracing::warn!("cuBLAS found but unusable ({e:?}); using the built-in GEMM");
                     None
@@ -177,9 +177,43 @@ impl Cuda {
         self.inner.dtype
     }
 
-    /// The same GPU with another compute dtype (shares context and kernels).
+    /// The same GPU with another compute dtype, sharing the context, stream, kernels and cuBLAS.
     pub fn with_dtype(&self, dtype: DType) -> Result<Self> {
-        Self::new(self.inner.ordinal, dtype)
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            return Err(EngineError::DType {
+                op: "cuda backend",
+                dtype,
+            });
+        }
+        let i = &self.inner;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                ctx: i.ctx.clone(),
+                stream: i.stream.clone(),
+                kernels: i.kernels.clone(),
+                blas: i.blas.clone(),
+                dtype,
+                gpu_name: i.gpu_name.clone(),
+                ordinal: i.ordinal,
+                cc: i.cc,
+                sms: i.sms,
+                poison: std::sync::atomic::AtomicBool::new(
+                    i.poison.load(std::sync::atomic::Ordering::Relaxed),
+                ),
+            }),
+        })
+    }
+
+    /// Uploads f32 values as an f32 tensor whatever the compute dtype (gradients, moments).
+    pub fn upload_f32(&self, x: &[f32], shape: &[usize]) -> Result<Tensor<Self>> {
+        let n: usize = shape.iter().product();
+        if n != x.len() {
+            return Err(EngineError::HostData(format!(
+                "{} elements do not fill shape {shape:?}",
+                x.len()
+            )));
+        }
+        self.upload_bytes(bytemuck::cast_slice(x), shape, DType::F32)
     }
 
     /// Compute capability of the GPU.
@@ -374,6 +408,7 @@ impl Cuda {
             .stream
             .clone_dtoh(&t.storage().data)
             .map_err(dev_err("copy to host"))?;
+        self.synchronize()?;
         v.truncate(n);
         Ok(v)
     }

@@ -135,11 +135,19 @@ fn nvrtc_version() -> String {
     format!("{a}.{b}")
 }
 
-/// Compiles a source with NVRTC for `compute_XY`, through the on-disk cache.
-fn nvrtc_ptx(m: &EmbeddedModule, cc: (i32, i32)) -> Result<String> {
+/// Compiles a module's source with NVRTC for `compute_XY`, through the on-disk cache in `cache`
+/// (none: no caching). Needs libnvrtc, not a GPU.
+pub fn compile_nvrtc(m: &EmbeddedModule, cc: (i32, i32), cache: Option<&Path>) -> Result<String> {
+    if !crate::engine::cuda::loading::libraries().nvrtc {
+        return Err(EngineError::Device("libnvrtc not found".into()));
+    }
+    super::catch_cuda_panic(|| nvrtc_ptx(m, cc, cache))
+}
+
+fn nvrtc_ptx(m: &EmbeddedModule, cc: (i32, i32), cache: Option<&Path>) -> Result<String> {
     let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
     let version = nvrtc_version();
-    let cached = cache_dir().map(|d| cache_path(&d, m.source, arch, &version));
+    let cached = cache.map(|d| cache_path(d, m.source, arch, &version));
     if let Some(p) = &cached {
         if let Ok(text) = std::fs::read_to_string(p) {
             return Ok(text);
@@ -199,7 +207,7 @@ impl Kernels {
                 let ptx = match a {
                     Artifact::Cubin => Ok(Ptx::from_binary(m.cubin_sm90a.unwrap_or(&[]).to_vec())),
                     Artifact::Ptx => Ok(Ptx::from_src(m.ptx.unwrap_or(""))),
-                    Artifact::Nvrtc => nvrtc_ptx(m, cc).map(Ptx::from_src),
+                    Artifact::Nvrtc => nvrtc_ptx(m, cc, cache_dir().as_deref()).map(Ptx::from_src),
                 };
                 match ptx.and_then(|p| {
                     ctx.load_module(p)
@@ -304,6 +312,27 @@ mod tests {
             cubin_sm90a: None,
         };
         assert_eq!(candidates(&src_only, (9, 0), true), vec![Artifact::Nvrtc]);
+    }
+
+    #[test]
+    fn embedded_sources_compile_with_nvrtc_when_it_is_installed() {
+        // Needs libnvrtc (for example pip's nvidia-cuda-nvrtc on LD_LIBRARY_PATH), not a GPU.
+        if !crate::engine::cuda::loading::libraries().nvrtc {
+            eprintln!("libnvrtc not found: skipping the NVRTC compile check");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for m in EMBEDDED {
+            let ptx = compile_nvrtc(m, (8, 0), Some(dir.path()))
+                .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+            assert!(ptx.contains(".entry"), "{}", m.name);
+            // The second compile is served from the cache.
+            assert_eq!(compile_nvrtc(m, (8, 0), Some(dir.path())).unwrap(), ptx);
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            EMBEDDED.len()
+        );
     }
 
     #[test]
