@@ -17,7 +17,17 @@ CUDA_PIP_VERSION="13.0.*"
 if [[ -z "${NVCC:-}" ]]; then
     if [[ ! -x "$VENV/bin/python" ]]; then
         echo "check-kernels: creating $VENV with nvcc $CUDA_PIP_VERSION" >&2
-        python3 -m venv "$VENV"
+        if ! python3 -m venv "$VENV"; then
+            # Debian's python3 needs python3-venv for `-m venv`.
+            if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+                apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+                rm -rf "$VENV"
+                python3 -m venv "$VENV"
+            else
+                echo "check-kernels: python3 -m venv failed (install python3-venv)" >&2
+                exit 1
+            fi
+        fi
     fi
     NVCC_DIR="$("$VENV/bin/python" - <<'PY'
 import pathlib, site

@@ -54,7 +54,8 @@ fn rand_tensor(be: &Cuda, rng: &mut SplitMix, shape: &[usize], scale: f32) -> Re
 }
 
 fn line(name: &str, secs: f64, work: f64, unit: &str, ceiling: f64) {
-    let rate = work / secs / 1e12_f64.min(if unit == "GB/s" { 1e9 } else { 1e12 });
+    let per_unit = if unit == "GB/s" { 1e9 } else { 1e12 };
+    let rate = work / secs / per_unit;
     let frac = if ceiling > 0.0 { rate / ceiling } else { 0.0 };
     println!(
         "{}",
@@ -67,9 +68,11 @@ fn line(name: &str, secs: f64, work: f64, unit: &str, ceiling: f64) {
 
 /// Runs `sorft bench kernels`.
 pub fn run() -> Result<()> {
-    let be = match Cuda::new(0, DType::BF16) {
-        Ok(b) => b,
-        Err(e) => bail!("no usable GPU, cannot benchmark kernels: {e}"),
+    use super::device::{pick, DeviceChoice, Picked};
+    let be = match pick(DeviceChoice::Cuda, DType::BF16) {
+        Ok(Picked::Cuda(b)) => b,
+        Ok(Picked::Cpu) => bail!("no usable GPU, cannot benchmark kernels"),
+        Err(e) => bail!("no usable GPU, cannot benchmark kernels ({e})"),
     };
     let (free, total) = be.mem_info()?;
     let mut plan = MemoryPlan::new();

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod data;
+pub mod device;
 pub mod doctor;
 pub mod eval;
 pub mod generate;

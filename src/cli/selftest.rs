@@ -578,6 +578,27 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
             tol,
         );
     }
+    // fused PPO token loss (f32 on every dtype)
+    if dtype == DType::F32 {
+        let n = 301;
+        let vals: Vec<Vec<f32>> = (0..5)
+            .map(|i| rand_vals(&mut p.rng, n, if i < 3 { 0.3 } else { 1.0 }, DType::F32))
+            .collect();
+        let up: Vec<Tensor<Cuda>> = vals
+            .iter()
+            .map(|v| g.upload_f32(v, &[n]))
+            .collect::<sorft::engine::error::Result<_>>()?;
+        let (loss_g, grad_g) =
+            g.ppo_token_loss(&up[0], &up[1], &up[2], &up[3], &up[4], 0.2, 0.05)?;
+        let (loss_r, grad_r) = ppo_reference(&vals, 0.2, 0.05);
+        c.close("ppo_token_loss loss", &host(g, &loss_g)?, &loss_r, 1e-5);
+        c.close(
+            "ppo_token_loss dloss/dlogp",
+            &host(g, &grad_g)?,
+            &grad_r,
+            1e-5,
+        );
+    }
     // gather_rows and index errors are errors, not crashes
     let bad = p.u(&[v as u32])?;
     let err = g.embedding(&tab_g, &bad.0).is_err();
@@ -587,6 +608,30 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
         String::new(),
     );
     Ok(())
+}
+
+/// Host reference of the fused PPO token loss: inputs logp, old, ref, advantage, weight.
+#[allow(clippy::needless_range_loop)]
+fn ppo_reference(v: &[Vec<f32>], eps: f64, kl_coef: f64) -> (Vec<f32>, Vec<f32>) {
+    let mut loss = Vec::new();
+    let mut grad = Vec::new();
+    for i in 0..v[0].len() {
+        let (lp, old, rf, a, w) = (
+            v[0][i] as f64,
+            v[1][i] as f64,
+            v[2][i] as f64,
+            v[3][i] as f64,
+            v[4][i] as f64,
+        );
+        let r = (lp - old).exp();
+        let (un, cl) = (r * a, r.clamp(1.0 - eps, 1.0 + eps) * a);
+        let g = if un <= cl { -r * a } else { 0.0 };
+        let dr = rf - lp;
+        let kl = dr.exp() - dr - 1.0;
+        loss.push(((-un.min(cl) + kl_coef * kl) * w) as f32);
+        grad.push(((g + kl_coef * (1.0 - dr.exp())) * w) as f32);
+    }
+    (loss, grad)
 }
 
 /// Sampling statistics: greedy agrees with the reference, frequencies follow the truncated
@@ -776,7 +821,15 @@ struct ModelRun {
     params: Vec<(String, Vec<f32>)>,
 }
 
-fn model_run<B: Backend>(be: &B, dir: &Path) -> Result<ModelRun> {
+/// Loads the model, scores a sequence, computes the gradients of a packed two-sequence batch
+/// (recorded), then takes one AdamW step from `step_grads` when given (so that both backends step
+/// from identical gradients: Adam's first step is sign-like and would amplify tiny differences)
+/// or from its own gradients.
+fn model_run<B: Backend>(
+    be: &B,
+    dir: &Path,
+    step_grads: Option<&[(String, Vec<f32>)]>,
+) -> Result<ModelRun> {
     use sorft::model::Model;
     use sorft::train::backward::backward;
     use sorft::train::forward::{forward, Batch, ForwardOptions, Sequence};
@@ -809,6 +862,16 @@ fn model_run<B: Backend>(be: &B, dir: &Path) -> Result<ModelRun> {
     for (n, t) in named {
         gv.push((n, be.to_host_f32(t)?));
     }
+    if let Some(sg) = step_grads {
+        for ((name, t), (n2, vals)) in grads.named_mut().into_iter().zip(sg) {
+            if &name != n2 {
+                bail!("gradient order differs: {name} vs {n2}");
+            }
+            let up = be.upload(HostData::F32(vals), t.shape())?;
+            be.fill(t, 0.0)?;
+            be.axpy(t, 1.0, &up)?;
+        }
+    }
     let mut opt = AdamW::new(
         be,
         OptimConfig {
@@ -837,14 +900,19 @@ fn model_checks(gpu: &Cuda, c: &mut Checks) -> Result<()> {
         .map(String::from)
         .collect();
     sorft::model::init::init_model(sorft::model::init::Preset::Tiny, dir.path(), 7, &corpus)?;
-    let cpu = model_run(&Cpu, dir.path())?;
-    let g32 = model_run(&gpu.with_dtype(DType::F32)?, dir.path())?;
+    let cpu = model_run(&Cpu, dir.path(), None)?;
+    let g32 = model_run(&gpu.with_dtype(DType::F32)?, dir.path(), Some(&cpu.grads))?;
     c.close("model log-probs f32", &g32.score, &cpu.score, 1e-4);
     for ((n, gg), (_, gc)) in g32.grads.iter().zip(&cpu.grads) {
         c.close(format!("model gradient {n} f32"), gg, gc, 1e-3);
     }
     for ((n, pg), (_, pc)) in g32.params.iter().zip(&cpu.params) {
-        c.close(format!("model AdamW step {n} f32"), pg, pc, 1e-5);
+        c.close(
+            format!("model AdamW step {n} f32 (same grads)"),
+            pg,
+            pc,
+            1e-5,
+        );
     }
     let bf = gpu.with_dtype(DType::BF16)?;
     let m = sorft::model::Model::load(&bf, dir.path())?;

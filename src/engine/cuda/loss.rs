@@ -279,6 +279,51 @@ pub(crate) fn log_softmax(be: &Cuda, logits: &Tensor<Cuda>) -> Result<Tensor<Cud
     Ok(out)
 }
 
+impl Cuda {
+    /// Fused per-token PPO loss on token log-probabilities `[T]` (all f32): ratio
+    /// `exp(logp - old_logp)`, clipped surrogate `-min(r A, clip(r, 1 - eps, 1 + eps) A)`, k3 KL
+    /// estimator to `ref_logp` times `kl_coef`, times `weight`. Returns the per-token loss and its
+    /// gradient with respect to `logp` (feed that to
+    /// [`crate::engine::Backend::token_logprobs_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ppo_token_loss(
+        &self,
+        logp: &Tensor<Cuda>,
+        old_logp: &Tensor<Cuda>,
+        ref_logp: &Tensor<Cuda>,
+        advantages: &Tensor<Cuda>,
+        weight: &Tensor<Cuda>,
+        clip_eps: f32,
+        kl_coef: f32,
+    ) -> Result<(Tensor<Cuda>, Tensor<Cuda>)> {
+        let op = "ppo_token_loss";
+        let t = logp.dims1(op)?;
+        let ins = [logp, old_logp, ref_logp, advantages, weight];
+        if ins.iter().any(|x| x.shape() != [t]) {
+            return Err(shape_err(op, format!("inputs must all be [{t}]")));
+        }
+        let ins: Vec<_> = ins
+            .iter()
+            .map(|x| coerce(self, x, DType::F32))
+            .collect::<Result<_>>()?;
+        let loss = self.alloc(&[t], DType::F32, false)?;
+        let grad = self.alloc(&[t], DType::F32, false)?;
+        if t == 0 {
+            return Ok((loss, grad));
+        }
+        let mut args: Vec<Arg> = ins.iter().map(|x| Arg::P(self.ptr(x))).collect();
+        args.extend([
+            Arg::P(self.ptr(&loss)),
+            Arg::P(self.ptr(&grad)),
+            Arg::U(t as u32),
+            Arg::F(clip_eps),
+            Arg::F(kl_coef),
+        ]);
+        self.launch("ppo_token_loss", ((t as u32).div_ceil(256), 1), 256, &args)?;
+        Ok((loss, grad))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
