@@ -78,6 +78,62 @@ pub fn embedded_summary() -> String {
     s
 }
 
+/// Every kernel name the backend launches (the name patterns of the op modules), so that a test
+/// can check each exists in the compiled modules without a GPU.
+pub fn launched_kernels() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "cast_f32_bf16",
+        "cast_bf16_f32",
+        "token_stats",
+        "ppo_token_loss",
+        "gemm_f32_f32",
+        "gemm_bf16_bf16",
+        "gemm_bf16_f32",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for sfx in ["f32", "bf16"] {
+        for base in [
+            "fill",
+            "scale",
+            "axpy",
+            "add_assign",
+            "add_bias",
+            "swiglu",
+            "swiglu_backward",
+            "adamw",
+            "sum_squares",
+            "sum_rows",
+            "embedding",
+            "embedding_backward",
+            "kv_write",
+            "rope",
+            "rms_norm",
+            "rms_norm_backward",
+            "rms_norm_dweight",
+            "log_softmax",
+            "sample",
+            "token_grad",
+        ] {
+            v.push(format!("{base}_{sfx}"));
+        }
+        for hd in super::launch::HEAD_DIMS {
+            for base in [
+                "flash_fwd",
+                "flash_bwd_pre",
+                "flash_bwd_dq",
+                "flash_bwd_dkdv",
+                "decode_partial",
+                "decode_combine",
+            ] {
+                v.push(format!("{base}_{sfx}_hd{hd}"));
+            }
+        }
+    }
+    v
+}
+
 /// 64-bit FNV-1a, the content hash of the NVRTC cache.
 pub fn fnv1a64(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -332,6 +388,36 @@ mod tests {
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
             EMBEDDED.len()
+        );
+    }
+
+    #[test]
+    fn every_launched_kernel_exists_in_the_compiled_modules() {
+        // Uses the embedded PTX when nvcc built it, else NVRTC when installed; skips otherwise.
+        let nvrtc = crate::engine::cuda::loading::libraries().nvrtc;
+        let mut entries = std::collections::HashSet::new();
+        for m in EMBEDDED {
+            let ptx = match (m.ptx, nvrtc) {
+                (Some(p), _) => p.to_string(),
+                (None, true) => compile_nvrtc(m, (8, 0), None).unwrap(),
+                (None, false) => {
+                    eprintln!("no PTX and no libnvrtc: skipping the kernel-name check");
+                    return;
+                }
+            };
+            for line in ptx.lines() {
+                if let Some(rest) = line.trim().strip_prefix(".visible .entry ") {
+                    entries.insert(rest.split('(').next().unwrap_or("").trim().to_string());
+                }
+            }
+        }
+        let missing: Vec<String> = launched_kernels()
+            .into_iter()
+            .filter(|k| !entries.contains(k))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "kernels launched but not compiled: {missing:?}"
         );
     }
 
