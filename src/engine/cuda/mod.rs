@@ -58,6 +58,9 @@ pub struct Cuda {
 /// Runs `f`, turning a panic inside cudarc (a library or symbol that cannot be loaded) into an
 /// error instead of a crash; the panic message is not printed.
 pub(crate) fn catch_cuda_panic<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    // One caller at a time swaps the process's panic hook (not reentrant: callers never nest).
+    static HOOK_LOCK: Mutex<()> = Mutex::new(());
+    let _guard = HOOK_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
