@@ -67,13 +67,17 @@ pub(crate) fn attention(
     let ps = host_u32(be, positions, op)?;
     check_below(op, &sl, s)?;
     check_below(op, &ps, m)?;
-    let dt = float_dtype(op, q)?;
+    // Computed in the cache's dtype: converting the few query rows is cheap, converting the
+    // cache on every call is not (a bf16 model may keep an f32 cache).
+    let dt = float_dtype(op, k_cache)?;
     let sfx = Cuda::suffix(op, dt)?;
+    let q_dt = float_dtype(op, q)?;
+    let q = coerce(be, q, dt)?;
     let kc = coerce(be, k_cache, dt)?;
     let vc = coerce(be, v_cache, dt)?;
     let out = be.alloc(&[t, qf], dt, false)?;
     if t == 0 {
-        return Ok(out);
+        return Ok(be.cast(&out, q_dt)?.unwrap_or(out));
     }
     let max_len = ps.iter().copied().max().unwrap_or(0) + 1;
     let rh = (t * sh.n_heads) as u32;
@@ -87,7 +91,7 @@ pub(crate) fn attention(
         (rh, splits),
         128,
         &[
-            Arg::P(be.ptr(q)),
+            Arg::P(be.ptr(&q)),
             Arg::P(be.ptr(&kc)),
             Arg::P(be.ptr(&vc)),
             Arg::P(be.ptr(slots)),
@@ -115,7 +119,7 @@ pub(crate) fn attention(
             Arg::U(splits),
         ],
     )?;
-    Ok(out)
+    Ok(be.cast(&out, q_dt)?.unwrap_or(out))
 }
 
 fn check_train(
