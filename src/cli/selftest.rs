@@ -598,6 +598,67 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
             &grad_r,
             1e-5,
         );
+        // the same loss from hidden states and the head, chunked over the vocabulary
+        let tt = 29;
+        let (hh_g, hh_c) = p.f(&[tt, d], 1.0)?;
+        let tgt: Vec<u32> = (0..tt)
+            .map(|i| {
+                if i == 4 {
+                    IGNORE_TARGET
+                } else {
+                    (i * 97 % v) as u32
+                }
+            })
+            .collect();
+        let (tgt_g, tgt_c) = p.u(&tgt)?;
+        let extra: Vec<Vec<f32>> = (0..4)
+            .map(|_| rand_vals(&mut p.rng, tt, 0.3, DType::F32))
+            .collect();
+        let (lp_c, _) = Cpu.token_logprobs(&hh_c, &hw_c, &tgt_c, 8)?;
+        let lp_host = host(&Cpu, &lp_c)?;
+        let old: Vec<f32> = lp_host.iter().zip(&extra[0]).map(|(a, b)| a + b).collect();
+        let refl: Vec<f32> = lp_host.iter().zip(&extra[1]).map(|(a, b)| a - b).collect();
+        let w: Vec<f32> = tgt
+            .iter()
+            .map(|&x| if x == IGNORE_TARGET { 0.0 } else { 1.0 })
+            .collect();
+        let inputs = [
+            lp_host.clone(),
+            old.clone(),
+            refl.clone(),
+            extra[2].clone(),
+            w.clone(),
+        ];
+        let (loss_r, grad_r) = ppo_reference(&inputs, 0.2, 0.05);
+        let gl_c = Cpu.upload(HostData::F32(&grad_r), &[tt])?;
+        let ge_c = Cpu.zeros(&[tt], DType::F32)?;
+        let dh_r = Cpu.token_logprobs_backward(&hh_c, &hw_c, &tgt_c, &gl_c, &ge_c, 8, None)?;
+        let up = |x: &[f32]| g.upload_f32(x, &[tt]);
+        let out = g.ppo_loss_from_hidden(
+            &hh_g,
+            &hw_g,
+            &tgt_g,
+            &up(&old)?,
+            &up(&refl)?,
+            &up(&extra[2])?,
+            &up(&w)?,
+            0.2,
+            0.05,
+            8,
+            None,
+        )?;
+        c.close(
+            "ppo_loss_from_hidden loss",
+            &host(g, &out.loss)?,
+            &loss_r,
+            1e-4,
+        );
+        c.close(
+            "ppo_loss_from_hidden dh",
+            &host(g, &out.dh)?,
+            &host(&Cpu, &dh_r)?,
+            1e-4,
+        );
     }
     // gather_rows and index errors are errors, not crashes
     let bad = p.u(&[v as u32])?;

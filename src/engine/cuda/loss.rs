@@ -324,6 +324,57 @@ impl Cuda {
     }
 }
 
+impl Cuda {
+    /// The PPO loss from final hidden states and the LM head, chunked over the vocabulary (no
+    /// `[T, V]` logits): per-token log-probs and entropies ([`token_logprobs`]), the fused
+    /// clipped-surrogate + KL loss ([`Cuda::ppo_token_loss`]), then the backward to the hidden
+    /// states (returned) and to the head (added to `dhead`). Returns `(loss [T], logp [T],
+    /// entropy [T], dh [T, D])`. With zero advantages, a KL coefficient of 0 and `old = logp`
+    /// the loss is zero; SFT cross-entropy is the same path with `dL/dlogp = -weight`
+    /// ([`crate::engine::Backend::token_logprobs_backward`] directly).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ppo_loss_from_hidden(
+        &self,
+        h: &Tensor<Cuda>,
+        head: &Tensor<Cuda>,
+        targets: &Tensor<Cuda>,
+        old_logp: &Tensor<Cuda>,
+        ref_logp: &Tensor<Cuda>,
+        advantages: &Tensor<Cuda>,
+        weight: &Tensor<Cuda>,
+        clip_eps: f32,
+        kl_coef: f32,
+        chunk_rows: usize,
+        dhead: Option<&mut Tensor<Cuda>>,
+    ) -> Result<PpoOutput> {
+        let (logp, entropy) = token_logprobs(self, h, head, targets, chunk_rows)?;
+        let (loss, g_logp) = self.ppo_token_loss(
+            &logp, old_logp, ref_logp, advantages, weight, clip_eps, kl_coef,
+        )?;
+        let g_ent = self.alloc(&[logp.numel()], DType::F32, true)?;
+        let dh =
+            token_logprobs_backward(self, h, head, targets, &g_logp, &g_ent, chunk_rows, dhead)?;
+        Ok(PpoOutput {
+            loss,
+            logp,
+            entropy,
+            dh,
+        })
+    }
+}
+
+/// Outputs of [`Cuda::ppo_loss_from_hidden`].
+pub struct PpoOutput {
+    /// Per-token loss `[T]` (f32).
+    pub loss: Tensor<Cuda>,
+    /// Per-token log-probability of the target `[T]` (f32).
+    pub logp: Tensor<Cuda>,
+    /// Per-token entropy `[T]` (f32).
+    pub entropy: Tensor<Cuda>,
+    /// Gradient of the summed loss with respect to the hidden states `[T, D]`.
+    pub dh: Tensor<Cuda>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,7 @@ use crate::engine::error::{EngineError, Result};
 use crate::engine::{DType, Tensor};
 
 pub use loading::{probe, report, Libraries, Probe};
+pub use loss::PpoOutput;
 
 /// Device storage of a CUDA tensor: bytes on the device and their element type.
 pub struct CudaStorage {
