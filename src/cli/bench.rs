@@ -41,6 +41,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         repeats: usize,
     },
+    /// CUDA kernel timings against copy and GEMM ceilings (needs a GPU).
+    Kernels,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -58,6 +60,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             batch,
             repeats,
         } => bench_model(&model, prompt_len, new_tokens, &batch, repeats.max(1)),
+        BenchCommand::Kernels => super::kernel_bench::run(),
     }
 }
 

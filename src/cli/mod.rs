@@ -2,14 +2,18 @@
 
 pub mod bench;
 pub mod data;
+pub mod device;
+pub mod doctor;
 pub mod eval;
 pub mod generate;
 pub mod interrupt;
+pub mod kernel_bench;
 pub mod model;
 pub mod repro;
 pub mod rl;
 pub mod sandbox;
 pub mod score;
+pub mod selftest;
 pub mod sft;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +55,10 @@ pub enum Command {
     Rl(rl::RlArgs),
     /// Apply patches and run repository tests isolated, graded like SWE-bench.
     Sandbox(sandbox::SandboxArgs),
+    /// CUDA on this machine: driver, GPUs, libraries, kernels, the backend a run would use.
+    Doctor(doctor::DoctorArgs),
+    /// Check a backend's kernels against references (`--device cuda|cpu`).
+    Selftest(selftest::SelftestArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -81,5 +89,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Sft(a) => sft::run(a),
         Command::Rl(a) => rl::run(a),
         Command::Sandbox(a) => sandbox::run(a),
+        Command::Doctor(a) => doctor::run(a),
+        Command::Selftest(a) => selftest::run(a),
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod rng;
@@ -11,6 +12,7 @@ pub mod tensor;
 
 pub use backend::{AttentionShape, Backend, HostData};
 pub use cpu::Cpu;
+pub use cuda::Cuda;
 pub use dtype::DType;
 pub use error::EngineError;
 pub use sampling::SamplingParams;

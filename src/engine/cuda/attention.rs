@@ -1,0 +1,289 @@
+//! Attention on the GPU: cache attention (split-K decode, also used for prefill), packed causal
+//! training attention with saved log-sum-exp, and its backward. Index tensors are validated on
+//! the host, where the launch tables (tiles, splits) are computed.
+
+use super::launch::{
+    attention_tiles, check_cu_seqlens, decode_splits, BWD_ROWS, FWD_ROWS, HEAD_DIMS,
+};
+use super::ops::{check_below, coerce, float_dtype, host_u32, same_shape, shape_err};
+use super::{Arg, Cuda};
+use crate::engine::backend::AttentionShape;
+use crate::engine::error::{EngineError, Result};
+use crate::engine::{DType, Tensor};
+
+fn check_head_dim(op: &'static str, sh: &AttentionShape) -> Result<()> {
+    if HEAD_DIMS.contains(&sh.head_dim) {
+        Ok(())
+    } else {
+        Err(shape_err(
+            op,
+            format!(
+                "head_dim {} (the CUDA kernels support {HEAD_DIMS:?})",
+                sh.head_dim
+            ),
+        ))
+    }
+}
+
+fn heads_ok(sh: &AttentionShape) -> bool {
+    sh.n_kv_heads > 0 && sh.n_heads % sh.n_kv_heads == 0
+}
+
+pub(crate) fn attention(
+    be: &Cuda,
+    q: &Tensor<Cuda>,
+    k_cache: &Tensor<Cuda>,
+    v_cache: &Tensor<Cuda>,
+    slots: &Tensor<Cuda>,
+    positions: &Tensor<Cuda>,
+    sh: AttentionShape,
+) -> Result<Tensor<Cuda>> {
+    let op = "attention";
+    let (t, qf) = q.dims2(op)?;
+    let (s, m, kf) = match k_cache.shape()[..] {
+        [a, b, c] => (a, b, c),
+        _ => return Err(shape_err(op, format!("k cache {:?}", k_cache.shape()))),
+    };
+    let d = sh.head_dim;
+    let ok = heads_ok(&sh)
+        && qf == sh.n_heads * d
+        && kf == sh.n_kv_heads * d
+        && v_cache.shape() == k_cache.shape()
+        && slots.numel() == t
+        && positions.numel() == t;
+    if !ok {
+        return Err(shape_err(
+            op,
+            format!(
+                "q {:?}, k cache {:?}, v cache {:?}, {sh:?}",
+                q.shape(),
+                k_cache.shape(),
+                v_cache.shape()
+            ),
+        ));
+    }
+    check_head_dim(op, &sh)?;
+    let sl = host_u32(be, slots, op)?;
+    let ps = host_u32(be, positions, op)?;
+    check_below(op, &sl, s)?;
+    check_below(op, &ps, m)?;
+    // Computed in the cache's dtype: converting the few query rows is cheap, converting the
+    // cache on every call is not (a bf16 model may keep an f32 cache).
+    let dt = float_dtype(op, k_cache)?;
+    let sfx = Cuda::suffix(op, dt)?;
+    let q_dt = float_dtype(op, q)?;
+    let q = coerce(be, q, dt)?;
+    let kc = coerce(be, k_cache, dt)?;
+    let vc = coerce(be, v_cache, dt)?;
+    let out = be.alloc(&[t, qf], dt, false)?;
+    if t == 0 {
+        return Ok(be.cast(&out, q_dt)?.unwrap_or(out));
+    }
+    let max_len = ps.iter().copied().max().unwrap_or(0) + 1;
+    let rh = (t * sh.n_heads) as u32;
+    let (splits, chunk) = decode_splits(max_len, rh, be.sm_count());
+    let parts = rh as usize * splits as usize;
+    let pm = be.alloc(&[parts], DType::F32, false)?;
+    let pl = be.alloc(&[parts], DType::F32, false)?;
+    let pacc = be.alloc(&[parts * d], DType::F32, false)?;
+    be.launch(
+        &format!("decode_partial_{sfx}_hd{d}"),
+        (rh, splits),
+        128,
+        &[
+            Arg::P(be.ptr(&q)),
+            Arg::P(be.ptr(&kc)),
+            Arg::P(be.ptr(&vc)),
+            Arg::P(be.ptr(slots)),
+            Arg::P(be.ptr(positions)),
+            Arg::P(be.ptr(&pm)),
+            Arg::P(be.ptr(&pl)),
+            Arg::P(be.ptr(&pacc)),
+            Arg::U(sh.n_heads as u32),
+            Arg::U(sh.n_kv_heads as u32),
+            Arg::U(m as u32),
+            Arg::U(chunk),
+            Arg::F(sh.scale),
+        ],
+    )?;
+    be.launch(
+        &format!("decode_combine_{sfx}_hd{d}"),
+        ((rh * 32).div_ceil(128), 1),
+        128,
+        &[
+            Arg::P(be.ptr(&pm)),
+            Arg::P(be.ptr(&pl)),
+            Arg::P(be.ptr(&pacc)),
+            Arg::P(be.ptr(&out)),
+            Arg::U(rh),
+            Arg::U(splits),
+        ],
+    )?;
+    Ok(be.cast(&out, q_dt)?.unwrap_or(out))
+}
+
+fn check_train(
+    op: &'static str,
+    q: &Tensor<Cuda>,
+    k: &Tensor<Cuda>,
+    v: &Tensor<Cuda>,
+    sh: &AttentionShape,
+) -> Result<(usize, usize, usize)> {
+    let (t, qf) = q.dims2(op)?;
+    let (tk, kf) = k.dims2(op)?;
+    let ok = heads_ok(sh)
+        && qf == sh.n_heads * sh.head_dim
+        && kf == sh.n_kv_heads * sh.head_dim
+        && tk == t
+        && v.shape() == k.shape();
+    if !ok {
+        return Err(shape_err(
+            op,
+            format!(
+                "q {:?}, k {:?}, v {:?}, {sh:?}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    check_head_dim(op, sh)?;
+    Ok((t, qf, kf))
+}
+
+pub(crate) fn attention_train(
+    be: &Cuda,
+    q: &Tensor<Cuda>,
+    k: &Tensor<Cuda>,
+    v: &Tensor<Cuda>,
+    cu_seqlens: &Tensor<Cuda>,
+    sh: AttentionShape,
+) -> Result<(Tensor<Cuda>, Tensor<Cuda>)> {
+    let op = "attention_train";
+    let (t, qf, _) = check_train(op, q, k, v, &sh)?;
+    let cu = host_u32(be, cu_seqlens, op)?;
+    check_cu_seqlens(&cu, t, op)?;
+    let dt = float_dtype(op, q)?;
+    let sfx = Cuda::suffix(op, dt)?;
+    let k = coerce(be, k, dt)?;
+    let v = coerce(be, v, dt)?;
+    let out = be.alloc(&[t, qf], dt, false)?;
+    let lse = be.alloc(&[t, sh.n_heads], DType::F32, false)?;
+    let tiles = attention_tiles(&cu, FWD_ROWS);
+    if tiles.is_empty() {
+        return Ok((out, lse));
+    }
+    let tiles_dev = be.upload_u32(&tiles)?;
+    be.launch(
+        &format!("flash_fwd_{sfx}_hd{}", sh.head_dim),
+        ((tiles.len() / 3) as u32, sh.n_heads as u32),
+        128,
+        &[
+            Arg::P(be.ptr(q)),
+            Arg::P(be.ptr(&k)),
+            Arg::P(be.ptr(&v)),
+            Arg::P(be.ptr(&out)),
+            Arg::P(be.ptr(&lse)),
+            Arg::P(be.ptr(&tiles_dev)),
+            Arg::U(sh.n_heads as u32),
+            Arg::U(sh.n_kv_heads as u32),
+            Arg::F(sh.scale),
+        ],
+    )?;
+    Ok((out, lse))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward(
+    be: &Cuda,
+    q: &Tensor<Cuda>,
+    k: &Tensor<Cuda>,
+    v: &Tensor<Cuda>,
+    out: &Tensor<Cuda>,
+    lse: &Tensor<Cuda>,
+    dout: &Tensor<Cuda>,
+    cu_seqlens: &Tensor<Cuda>,
+    sh: AttentionShape,
+) -> Result<(Tensor<Cuda>, Tensor<Cuda>, Tensor<Cuda>)> {
+    let op = "attention_backward";
+    let (t, qf, kf) = check_train(op, q, k, v, &sh)?;
+    same_shape(op, q, out)?;
+    same_shape(op, q, dout)?;
+    if lse.shape() != [t, sh.n_heads] {
+        return Err(shape_err(
+            op,
+            format!("lse {:?} for [{t}, {}]", lse.shape(), sh.n_heads),
+        ));
+    }
+    if lse.dtype() != DType::F32 {
+        return Err(EngineError::DType {
+            op,
+            dtype: lse.dtype(),
+        });
+    }
+    let cu = host_u32(be, cu_seqlens, op)?;
+    check_cu_seqlens(&cu, t, op)?;
+    let dt = float_dtype(op, q)?;
+    let sfx = Cuda::suffix(op, dt)?;
+    let hd = sh.head_dim;
+    let (k, v) = (coerce(be, k, dt)?, coerce(be, v, dt)?);
+    let (out, dout) = (coerce(be, out, dt)?, coerce(be, dout, dt)?);
+    let dq = be.alloc(&[t, qf], dt, false)?;
+    let dk = be.alloc(&[t, kf], dt, false)?;
+    let dv = be.alloc(&[t, kf], dt, false)?;
+    let tiles = attention_tiles(&cu, BWD_ROWS);
+    if tiles.is_empty() {
+        return Ok((dq, dk, dv));
+    }
+    let n_tiles = (tiles.len() / 3) as u32;
+    let tiles_dev = be.upload_u32(&tiles)?;
+    let rh = (t * sh.n_heads) as u32;
+    let dsum = be.alloc(&[t, sh.n_heads], DType::F32, false)?;
+    be.launch(
+        &format!("flash_bwd_pre_{sfx}_hd{hd}"),
+        ((rh * 32).div_ceil(128), 1),
+        128,
+        &[
+            Arg::P(be.ptr(&out)),
+            Arg::P(be.ptr(&dout)),
+            Arg::P(be.ptr(&dsum)),
+            Arg::U(t as u32),
+            Arg::U(sh.n_heads as u32),
+        ],
+    )?;
+    let common = |g: &Tensor<Cuda>| {
+        [
+            Arg::P(be.ptr(q)),
+            Arg::P(be.ptr(&k)),
+            Arg::P(be.ptr(&v)),
+            Arg::P(be.ptr(&dout)),
+            Arg::P(be.ptr(lse)),
+            Arg::P(be.ptr(&dsum)),
+            Arg::P(be.ptr(g)),
+        ]
+    };
+    let tail = [
+        Arg::P(be.ptr(&tiles_dev)),
+        Arg::U(sh.n_heads as u32),
+        Arg::U(sh.n_kv_heads as u32),
+        Arg::F(sh.scale),
+    ];
+    let mut args: Vec<Arg> = common(&dq).to_vec();
+    args.extend_from_slice(&tail);
+    be.launch(
+        &format!("flash_bwd_dq_{sfx}_hd{hd}"),
+        (n_tiles, sh.n_heads as u32),
+        128,
+        &args,
+    )?;
+    let mut args: Vec<Arg> = common(&dk).to_vec();
+    args.push(Arg::P(be.ptr(&dv)));
+    args.extend_from_slice(&tail);
+    be.launch(
+        &format!("flash_bwd_dkdv_{sfx}_hd{hd}"),
+        (n_tiles, sh.n_kv_heads as u32),
+        128,
+        &args,
+    )?;
+    Ok((dq, dk, dv))
+}
