@@ -57,7 +57,8 @@ mod tests {
     #[test]
     fn renames_whole_words_consistently_and_names_are_deterministic_by_seed() {
         let r = Renamer::new("umber3").unwrap();
-        let t = "from umber3 import graph\nFile \"/home/u/umber3/umber3/graph.py\"\number31 umber3x";
+        let t =
+            "from umber3 import graph\nFile \"/home/u/umber3/umber3/graph.py\"\number31 umber3x";
         let out = r.apply(t, "kalo7");
         assert_eq!(
             out,
@@ -66,8 +67,17 @@ mod tests {
         let mut a = SplitMix::new(5);
         let mut b = SplitMix::new(5);
         let names: Vec<String> = (0..20).map(|_| fresh_name(&mut a)).collect();
-        assert_eq!(names, (0..20).map(|_| fresh_name(&mut b)).collect::<Vec<_>>());
-        assert!(names.iter().collect::<std::collections::BTreeSet<_>>().len() > 15);
+        assert_eq!(
+            names,
+            (0..20).map(|_| fresh_name(&mut b)).collect::<Vec<_>>()
+        );
+        assert!(
+            names
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                > 15
+        );
         assert!(Renamer::new("").is_none());
         assert_eq!(package_of("synth/umber3"), "umber3");
     }

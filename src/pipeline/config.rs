@@ -27,7 +27,7 @@ pub struct DataConfig {
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
-            instances: 48,
+            instances: 64,
             per_repo: 3,
             heldout_fraction: 0.25,
             test_timeout: 20.0,
@@ -56,9 +56,9 @@ impl Default for ModelSection {
         Self {
             preset: Preset::Small,
             warmup_epochs: 2,
-            warmup_lr: 2e-3,
+            warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,
-            warmup_renames: 3,
+            warmup_renames: 1,
         }
     }
 }
@@ -89,10 +89,10 @@ impl Default for Stage1Config {
             samples_per_prompt: 4,
             teacher_temperature: 0.7,
             epochs: 3,
-            lr: 1e-3,
+            lr: 2e-3,
             batch_tokens: 2048,
             max_len: 2048,
-            renames: 2,
+            renames: 1,
         }
     }
 }

@@ -14,18 +14,18 @@ use std::time::Instant;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::engine::rng::{random_u64, SplitMix};
 use crate::engine::{Cpu, SamplingParams};
 use crate::model::chat::{self, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::init::{init_model, EMBEDDED_CORPUS};
 use crate::model::{load_dir, Model, Tokenizer};
+use crate::pipeline::augment::{fresh_name, package_of, Renamer};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
 use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
 use crate::rft::rl::{RlItem, RlMetrics};
 use crate::rft::rl_run::{run_rl, RlRun};
-use crate::engine::rng::{random_u64, SplitMix};
-use crate::pipeline::augment::{fresh_name, package_of, Renamer};
 use crate::rft::teacher::{
     rejection_filter_indexed, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
 };
@@ -384,8 +384,7 @@ pub fn run_repro(
         temperature: cfg.stage1.teacher_temperature,
     };
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let (kept_idx, acceptance) =
-        rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+    let (kept_idx, acceptance) = rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
     for (i, conv) in kept_idx {

@@ -527,12 +527,15 @@ pub fn rejection_filter(
     (kept.into_iter().map(|(_, c)| c).collect(), stats)
 }
 
+/// Kept conversations, each with the index of its item, and per-subtask statistics.
+pub type IndexedKept = (Vec<(usize, Vec<Message>)>, BTreeMap<String, Acceptance>);
+
 /// As [`rejection_filter`], each kept conversation paired with the index of its item.
 pub fn rejection_filter_indexed(
     items: &[TeacherItem<'_>],
     samples: &[Vec<String>],
     edit_reward: crate::swe::subtask::EditReward,
-) -> (Vec<(usize, Vec<Message>)>, BTreeMap<String, Acceptance>) {
+) -> IndexedKept {
     let mut kept = Vec::new();
     let mut stats: BTreeMap<String, Acceptance> = BTreeMap::new();
     for (i, (item, outs)) in items.iter().zip(samples).enumerate() {
