@@ -55,7 +55,7 @@ impl Default for ModelSection {
     fn default() -> Self {
         Self {
             preset: Preset::Small,
-            warmup_epochs: 2,
+            warmup_epochs: 4,
             warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,
             warmup_renames: 1,
@@ -88,7 +88,7 @@ impl Default for Stage1Config {
         Self {
             samples_per_prompt: 4,
             teacher_temperature: 0.7,
-            epochs: 3,
+            epochs: 6,
             lr: 2e-3,
             batch_tokens: 2048,
             max_len: 2048,

@@ -650,16 +650,17 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             a.sampled, a.passed, a.kept
         ));
     }
-    md.push_str("\n## Stage 2 (per step)\n\n| step | reward | kl | entropy | clip frac | response len | rollout s | reward s | train s |\n|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n## Stage 2 (per step)\n\n| step | reward | kl | entropy | clip frac | response len | updated seqs | rollout s | reward s | train s |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for m in &s.rl {
         md.push_str(&format!(
-            "| {} | {:.3} | {:.4} | {:.3} | {:.3} | {:.1} | {:.1} | {:.2} | {:.1} |\n",
+            "| {} | {:.3} | {:.4} | {:.3} | {:.3} | {:.1} | {} | {:.1} | {:.2} | {:.1} |\n",
             m.step,
             m.reward_mean,
             m.kl,
             m.entropy,
             m.clip_frac,
             m.response_len,
+            m.trained_sequences,
             m.time_rollout,
             m.time_reward,
             m.time_train

@@ -159,9 +159,9 @@ pub struct RlMetrics {
     pub reward_by_subtask: BTreeMap<String, f64>,
     /// Counts of zero-reward reasons (format errors, invented targets, empty answers, ...).
     pub zero_reasons: BTreeMap<String, usize>,
-    /// Mean per-token KL (k1) of the rollout policy to the reference.
+    /// Mean per-token KL (k1) of the rollout policy to the reference, over the updated sequences.
     pub kl: f64,
-    /// Mean per-token entropy.
+    /// Mean per-token entropy (of the updated sequences; when none, the rollouts' mean surprisal).
     pub entropy: f64,
     /// Fraction of clipped tokens.
     pub clip_frac: f64,
@@ -613,7 +613,16 @@ impl<B: Backend> RlTrainer<B> {
             }
         }
         let nmb_f = nmb.max(1) as f64;
-        m.entropy = ent_sum / ent_n.max(1) as f64;
+        m.entropy = if ent_n > 0 {
+            ent_sum / ent_n as f64
+        } else {
+            // No update this step: the sampled tokens' mean surprisal estimates the entropy.
+            let (sum, n) = outs
+                .iter()
+                .flat_map(|o| o.logprobs.iter())
+                .fold((0.0, 0usize), |(s, n), &lp| (s - lp as f64, n + 1));
+            sum / n.max(1) as f64
+        };
         m.clip_frac = clip_sum / nmb_f;
         m.approx_kl = akl_sum / nmb_f;
         m.grad_norm = gn_sum / nmb_f;
