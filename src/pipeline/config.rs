@@ -39,9 +39,12 @@ impl Default for DataConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
-    /// Size preset.
+    /// Size preset of the model created from scratch.
     pub preset: Preset,
-    /// Warm-up epochs of causal language modelling on the training repositories' code.
+    /// A model directory (Hugging Face layout, e.g. a pretrained Qwen2.5-Coder) to start from
+    /// instead of a new `preset` model; empty: create one.
+    pub base: String,
+    /// Warm-up epochs of causal language modelling on the training repositories' code (0: none).
     pub warmup_epochs: u64,
     /// Warm-up learning rate.
     pub warmup_lr: f32,
@@ -55,6 +58,7 @@ impl Default for ModelSection {
     fn default() -> Self {
         Self {
             preset: Preset::Small,
+            base: String::new(),
             warmup_epochs: 4,
             warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,

@@ -309,8 +309,17 @@ pub fn run_repro(
     let mut corpus = vec![EMBEDDED_CORPUS.to_string()];
     corpus.extend(code_files.values().map(|(_, t)| t.clone()));
     corpus.extend(train_items.iter().take(64).map(|i| i.record.prompt.clone()));
-    let initial = out.join("models").join("random");
-    init_model(cfg.model.preset, &initial, cfg.seed, &corpus)?;
+    let initial = if cfg.model.base.is_empty() {
+        let dir = out.join("models").join("random");
+        init_model(cfg.model.preset, &dir, cfg.seed, &corpus)?;
+        dir
+    } else {
+        let dir = PathBuf::from(&cfg.model.base);
+        let (_, tok) =
+            load_dir(&Cpu, &dir).with_context(|| format!("model.base {}", dir.display()))?;
+        tok.with_context(|| format!("model.base {}: no tokenizer.json", dir.display()))?;
+        dir
+    };
 
     // ---- warm-up ----
     status.phase("warm-up: causal language modelling on the training repositories");
@@ -354,20 +363,24 @@ pub fn run_repro(
         c.optim.lr = lr;
         c
     };
-    let warm = sft(
-        &status,
-        "warm-up",
-        sft_cfg(
-            &initial,
-            &warm_data,
-            "warmup",
-            cfg.model.warmup_epochs,
-            cfg.model.warmup_lr,
-            cfg.model.warmup_batch_tokens,
-        ),
-        resume,
-        stop,
-    )?;
+    let warm = if cfg.model.warmup_epochs == 0 {
+        initial.clone()
+    } else {
+        sft(
+            &status,
+            "warm-up",
+            sft_cfg(
+                &initial,
+                &warm_data,
+                "warmup",
+                cfg.model.warmup_epochs,
+                cfg.model.warmup_lr,
+                cfg.model.warmup_batch_tokens,
+            ),
+            resume,
+            stop,
+        )?
+    };
     seconds.insert("model+warmup".to_string(), t.elapsed().as_secs_f64());
 
     // ---- stage 1 ----
@@ -613,8 +626,13 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
     let mut md = String::new();
     md.push_str("# sorft repro report\n\n");
     md.push_str(&format!(
-        "Seed {}, {:?} preset, {} training and {} held-out instances (split by repository), stage 2: {:?}, {} steps.\n\n",
-        cfg.seed, cfg.model.preset, s.instances.0, s.instances.1, cfg.stage2.algorithm, cfg.stage2.steps
+        "Seed {}, model: {}, {} training and {} held-out instances (split by repository), stage 2: {:?}, {} steps.\n\n",
+        cfg.seed,
+        if cfg.model.base.is_empty() {
+            format!("new {:?} preset", cfg.model.preset)
+        } else {
+            cfg.model.base.clone()
+        }, s.instances.0, s.instances.1, cfg.stage2.algorithm, cfg.stage2.steps
     ));
     md.push_str("## Held-out results (Agentless pipeline, end to end)\n\n| stage | file hit % | function hit % | line hit % | edit hit % | %Applied | %Resolved |\n|---|---|---|---|---|---|---|\n");
     for r in &s.stages {
