@@ -148,7 +148,26 @@ fn an_rl_run_stopped_and_resumed_reaches_the_same_weights_as_an_uninterrupted_on
     };
     let e = run_rl(&Cpu, &run("b", true), &other, &items, &never, &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("other RL settings"), "{e}");
-    let b = run_rl(&Cpu, &run("b", true), &cfg, &items, &never, &mut |_| {}).unwrap();
+    // Another reference model is refused; the same model moved elsewhere is accepted.
+    let other_model = tempfile::tempdir().unwrap();
+    init_model(
+        Preset::Tiny,
+        other_model.path(),
+        3,
+        &[EMBEDDED_CORPUS.to_string()],
+    )
+    .unwrap();
+    let mut elsewhere = run("b", true);
+    elsewhere.model = other_model.path().to_path_buf();
+    let e = run_rl(&Cpu, &elsewhere, &cfg, &items, &never, &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("another reference"), "{e}");
+    let moved = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(mdir.path()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, moved.path().join(f.file_name().unwrap())).unwrap();
+    }
+    elsewhere.model = moved.path().to_path_buf();
+    let b = run_rl(&Cpu, &elsewhere, &cfg, &items, &never, &mut |_| {}).unwrap();
     assert_eq!(b.resumed_from, 1);
     assert_eq!(b.metrics.len(), 3, "metrics before the resume are kept");
     for (x, y) in a.metrics.iter().zip(&b.metrics) {

@@ -24,7 +24,7 @@ use crate::pipeline::augment::{fresh_name, package_of, Renamer};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
 use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
-use crate::rft::rl::{RlItem, RlMetrics};
+use crate::rft::rl::{zero_reason_name, RlItem, RlMetrics};
 use crate::rft::rl_run::{run_rl, RlRun};
 use crate::rft::teacher::{
     rejection_filter_indexed, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
@@ -45,6 +45,8 @@ pub struct StageResult {
     pub subtask_reward: BTreeMap<String, f64>,
     /// Mean of those.
     pub mean_reward: f64,
+    /// Why answers scored zero (format errors, invented targets, ...), counted over all subtasks.
+    pub zero_reasons: BTreeMap<String, usize>,
     /// The end-to-end Agentless evaluation.
     pub pipeline: EvalSummary,
 }
@@ -169,7 +171,7 @@ fn subtask_rewards(
     tok: &Tokenizer,
     recs: &[SubtaskRecord],
     cfg: &ReproConfig,
-) -> anyhow::Result<BTreeMap<String, f64>> {
+) -> anyhow::Result<(BTreeMap<String, f64>, BTreeMap<String, usize>)> {
     let mut reqs = Vec::new();
     let mut which = Vec::new();
     for (i, r) in recs.iter().enumerate() {
@@ -199,15 +201,20 @@ fn subtask_rewards(
     for r in recs {
         sums.entry(r.subtask.name().into()).or_default().1 += 1;
     }
+    let mut zeros: BTreeMap<String, usize> = BTreeMap::new();
     for (o, &i) in outs.iter().zip(&which) {
         let r = &recs[i];
-        sums.entry(r.subtask.name().into()).or_default().0 +=
-            r.reward(&o.text, cfg.stage2.edit_reward).reward;
+        let sc = r.reward(&o.text, cfg.stage2.edit_reward);
+        if let Some(z) = &sc.zero_reason {
+            *zeros.entry(zero_reason_name(z).to_string()).or_default() += 1;
+        }
+        sums.entry(r.subtask.name().into()).or_default().0 += sc.reward;
     }
-    Ok(sums
+    let means = sums
         .into_iter()
         .map(|(k, (s, n))| (k, s / n.max(1) as f64))
-        .collect())
+        .collect();
+    Ok((means, zeros))
 }
 
 /// Runs the whole reproduction into `out`. With `resume`, the phases a previous run of the same
@@ -484,7 +491,7 @@ pub fn run_repro(
         let (model, tok) = load_dir(&Cpu, dir)?;
         let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
         status.detail(format!("evaluation: {name}: subtask rewards"));
-        let subtask_reward = subtask_rewards(&model, &tok, &held_records, cfg)?;
+        let (subtask_reward, zero_reasons) = subtask_rewards(&model, &tok, &held_records, cfg)?;
         let mean_reward = subtask_reward.values().sum::<f64>() / subtask_reward.len().max(1) as f64;
         let mut ecfg = cfg.eval.clone();
         ecfg.seed = cfg.seed;
@@ -511,6 +518,7 @@ pub fn run_repro(
             stage: name.to_string(),
             subtask_reward,
             mean_reward,
+            zero_reasons,
             pipeline,
         };
         let mut v = serde_json::to_value(&r)?;
@@ -659,6 +667,23 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             g("line"),
             g("edit"),
             r.mean_reward
+        ));
+    }
+    md.push_str("\nWhy held-out answers scored zero (counts over all subtasks):\n\n");
+    for r in &s.stages {
+        let z: Vec<String> = r
+            .zero_reasons
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        md.push_str(&format!(
+            "- {}: {}\n",
+            r.stage,
+            if z.is_empty() {
+                "none".to_string()
+            } else {
+                z.join(", ")
+            }
         ));
     }
     md.push_str("\n## Stage 1 rejection sampling\n\n| subtask | sampled | passed | kept |\n|---|---|---|---|\n");

@@ -240,7 +240,8 @@ fn response_logprobs<B: Backend>(
     Ok((lps, vals))
 }
 
-fn zero_reason_name(z: &ZeroReason) -> &'static str {
+/// A short stable name of a zero-reward reason (metrics keys).
+pub fn zero_reason_name(z: &ZeroReason) -> &'static str {
     match z {
         ZeroReason::EmptyAnswer => "empty_answer",
         ZeroReason::InventedTarget { .. } => "invented_target",
@@ -647,6 +648,41 @@ struct RlState {
     config: RlConfig,
 }
 
+/// A fingerprint of a reference model directory that survives moving or renaming it: the sizes of
+/// its weight files and checksums of `config.json` and of 16 spread 64 KiB samples of each weight
+/// file (cheap even for a 15 GB model).
+fn reference_fingerprint(dir: &std::path::Path) -> anyhow::Result<String> {
+    use crate::train::checkpoint::checksum64;
+    use std::io::{Read, Seek, SeekFrom};
+    let cfg = dir.join("config.json");
+    let text = std::fs::read(&cfg).map_err(|e| anyhow::anyhow!("{}: {e}", cfg.display()))?;
+    let mut parts = vec![format!("config:{:016x}", checksum64(&text))];
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    for p in files {
+        let mut f = std::fs::File::open(&p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        let len = f.metadata()?.len();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut h = Vec::new();
+        for k in 0..16u64 {
+            let off = len.saturating_sub(buf.len() as u64) * k / 15;
+            f.seek(SeekFrom::Start(off))?;
+            let n = f.read(&mut buf)?;
+            h.extend_from_slice(&checksum64(&buf[..n]).to_le_bytes());
+        }
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        parts.push(format!("{name}:{len}:{:016x}", checksum64(&h)));
+    }
+    Ok(parts.join(","))
+}
+
 /// The settings that must match for a resumed run to continue the same trajectory (`steps`,
 /// `save_every` and `keep_last` may change).
 fn trajectory_settings(c: &RlConfig) -> RlConfig {
@@ -662,7 +698,7 @@ impl<B: Backend> RlTrainer<B> {
     /// Writes a checkpoint of the run after `self.step` steps under `root` (`step-N/`: the policy
     /// as a model directory with the side files of `model_src`, the optimizer moments, the value
     /// head and its moments, and `rl_state.json` with the step — the rollout cursor and the RNG
-    /// position, since both are functions of `(seed, step)` — and the reference directory), then
+    /// position, since both are functions of `(seed, step)` — and a fingerprint of the reference model), then
     /// keeps the newest `keep_last`. Written whole or not at all.
     pub fn save_checkpoint(
         &self,
@@ -698,7 +734,7 @@ impl<B: Backend> RlTrainer<B> {
             step: self.step,
             opt_step: self.opt.step,
             value_opt_step,
-            reference: reference.display().to_string(),
+            reference: reference_fingerprint(reference)?,
             config: self.cfg.clone(),
         };
         files.push((
@@ -738,11 +774,10 @@ impl<B: Backend> RlTrainer<B> {
                 sp.display()
             );
         }
-        if st.reference != reference.display().to_string() {
+        if st.reference != reference_fingerprint(reference)? {
             anyhow::bail!(
-                "{}: the checkpoint's reference is {}, this run's is {}",
+                "{}: the checkpoint was made against another reference model than {}",
                 sp.display(),
-                st.reference,
                 reference.display()
             );
         }
