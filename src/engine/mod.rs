@@ -8,6 +8,7 @@ pub mod dtype;
 pub mod error;
 pub mod rng;
 pub mod sampling;
+pub mod shapes;
 pub mod tensor;
 
 pub use backend::{AttentionShape, Backend, HostData};

@@ -37,24 +37,9 @@ pub fn matmul(
     c: &mut Tensor<Cpu>,
     accumulate: bool,
 ) -> Result<()> {
-    let (ar, ac) = a.dims2("matmul")?;
-    let (br, bc) = b.dims2("matmul")?;
-    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
-    let (k2, n) = if trans_b { (bc, br) } else { (br, bc) };
-    let (cm, cn) = c.dims2("matmul")?;
-    if k != k2 || cm != m || cn != n {
-        return Err(shape_err(
-            "matmul",
-            format!(
-                "a {:?}{} @ b {:?}{} into c {:?}",
-                a.shape(),
-                if trans_a { "^T" } else { "" },
-                b.shape(),
-                if trans_b { "^T" } else { "" },
-                c.shape()
-            ),
-        ));
-    }
+    let (m, k, n) = crate::engine::shapes::matmul_dims(a, trans_a, b, trans_b, c)?;
+    // Stored column counts (leading dimensions); both are matrices now.
+    let (ac, bc) = (a.shape()[1], b.shape()[1]);
     let ad = f32s(a, "matmul")?;
     let bd = f32s(b, "matmul")?;
     let am = if trans_a {
@@ -486,29 +471,8 @@ fn check_loss(
     head: &Tensor<Cpu>,
     targets: &Tensor<Cpu>,
 ) -> Result<(usize, usize, usize)> {
-    let (t, d) = h.dims2(op)?;
-    let (v, d2) = head.dims2(op)?;
-    if d != d2 || targets.numel() != t {
-        return Err(shape_err(
-            op,
-            format!(
-                "hidden {:?}, head {:?}, {} targets",
-                h.shape(),
-                head.shape(),
-                targets.numel()
-            ),
-        ));
-    }
-    if let Some(&bad) = u32s(targets, op)?
-        .iter()
-        .find(|&&x| x != IGNORE_TARGET && x as usize >= v)
-    {
-        return Err(EngineError::Index {
-            op,
-            index: bad as usize,
-            limit: v,
-        });
-    }
+    let (t, d, v) = crate::engine::shapes::token_loss_dims(op, h, head, targets)?;
+    crate::engine::shapes::check_targets(op, u32s(targets, op)?, v)?;
     Ok((t, d, v))
 }
 

@@ -20,27 +20,9 @@ fn check(
     head: &Tensor<Cuda>,
     targets: &Tensor<Cuda>,
 ) -> Result<(usize, usize, usize, Vec<u32>)> {
-    let (t, d) = h.dims2(op)?;
-    let (v, d2) = head.dims2(op)?;
-    if d != d2 || targets.numel() != t {
-        return Err(shape_err(
-            op,
-            format!(
-                "hidden {:?}, head {:?}, {} targets",
-                h.shape(),
-                head.shape(),
-                targets.numel()
-            ),
-        ));
-    }
+    let (t, d, v) = crate::engine::shapes::token_loss_dims(op, h, head, targets)?;
     let tg = host_u32(be, targets, op)?;
-    if let Some(&bad) = tg.iter().find(|&&x| x != IGNORE_TARGET && x as usize >= v) {
-        return Err(EngineError::Index {
-            op,
-            index: bad as usize,
-            limit: v,
-        });
-    }
+    crate::engine::shapes::check_targets(op, &tg, v)?;
     Ok((t, d, v, tg))
 }
 

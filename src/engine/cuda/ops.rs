@@ -536,22 +536,9 @@ pub(crate) fn matmul(
     c: &mut Tensor<Cuda>,
     accumulate: bool,
 ) -> Result<()> {
-    let (ar, ac) = a.dims2("matmul")?;
-    let (br, bc) = b.dims2("matmul")?;
-    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
-    let (k2, n) = if trans_b { (bc, br) } else { (br, bc) };
-    let (cm, cn) = c.dims2("matmul")?;
-    if k != k2 || cm != m || cn != n {
-        return Err(shape_err(
-            "matmul",
-            format!(
-                "a {:?} (T {trans_a}) @ b {:?} (T {trans_b}) into c {:?}",
-                a.shape(),
-                b.shape(),
-                c.shape()
-            ),
-        ));
-    }
+    let (m, k, n) = crate::engine::shapes::matmul_dims(a, trans_a, b, trans_b, c)?;
+    // Stored column counts (leading dimensions); both are matrices now.
+    let (ac, bc) = (a.shape()[1], b.shape()[1]);
     let dt = float_dtype("matmul", a)?;
     // C may be f32 over bf16 inputs; an f32 product into a bf16 C goes through bf16 copies of A, B.
     let ab_dt = if c.dtype() == DType::BF16 {
