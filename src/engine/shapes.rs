@@ -3,7 +3,7 @@
 
 use crate::engine::backend::IGNORE_TARGET;
 use crate::engine::error::{EngineError, Result};
-use crate::engine::{Backend, Tensor};
+use crate::engine::{AttentionShape, Backend, Tensor};
 
 /// A shape error of `op`.
 pub fn shape_err(op: &'static str, detail: String) -> EngineError {
@@ -76,4 +76,60 @@ pub fn check_targets(op: &'static str, targets: &[u32], v: usize) -> Result<()> 
         }),
         None => Ok(()),
     }
+}
+
+/// `(t, q_features, kv_features)` of packed training attention over `q [T, H*hd]` and
+/// `k`, `v [T, Hkv*hd]` (see [`Backend::attention_train`]), or a shape error.
+pub fn attention_train_dims<B: Backend>(
+    op: &'static str,
+    q: &Tensor<B>,
+    k: &Tensor<B>,
+    v: &Tensor<B>,
+    sh: &AttentionShape,
+) -> Result<(usize, usize, usize)> {
+    let (t, qf) = q.dims2(op)?;
+    let (tk, kf) = k.dims2(op)?;
+    let ok = sh.n_kv_heads > 0
+        && sh.n_heads % sh.n_kv_heads == 0
+        && qf == sh.n_heads * sh.head_dim
+        && kf == sh.n_kv_heads * sh.head_dim
+        && tk == t
+        && v.shape() == k.shape();
+    if !ok {
+        return Err(shape_err(
+            op,
+            format!(
+                "q {:?}, k {:?}, v {:?}, {sh:?}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    Ok((t, qf, kf))
+}
+
+/// Checks the loss coefficients `g_logp`, `g_entropy` (one per row of `t`) and the head gradient
+/// of a token-loss backward.
+pub fn token_loss_backward_dims<B: Backend>(
+    op: &'static str,
+    t: usize,
+    g_logp: &Tensor<B>,
+    g_entropy: &Tensor<B>,
+    head: &Tensor<B>,
+    dhead: Option<&Tensor<B>>,
+) -> Result<()> {
+    let dh_ok = dhead.is_none_or(|w| w.shape() == head.shape());
+    if g_logp.numel() != t || g_entropy.numel() != t || !dh_ok {
+        return Err(shape_err(
+            op,
+            format!(
+                "{} and {} coefficients for {t} rows, head {:?}",
+                g_logp.numel(),
+                g_entropy.numel(),
+                head.shape()
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -212,26 +212,7 @@ fn check_attn(
     v: &Tensor<Cpu>,
     sh: AttentionShape,
 ) -> Result<(usize, usize, usize)> {
-    let (t, qf) = q.dims2(op)?;
-    let (tk, kf) = k.dims2(op)?;
-    let ok = sh.n_kv_heads > 0
-        && sh.n_heads % sh.n_kv_heads == 0
-        && qf == sh.n_heads * sh.head_dim
-        && kf == sh.n_kv_heads * sh.head_dim
-        && tk == t
-        && v.shape() == k.shape();
-    if !ok {
-        return Err(shape_err(
-            op,
-            format!(
-                "q {:?}, k {:?}, v {:?}, {sh:?}",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            ),
-        ));
-    }
-    Ok((t, qf, kf))
+    crate::engine::shapes::attention_train_dims(op, q, k, v, &sh)
 }
 
 /// Packed causal attention with the log-sum-exp of each softmax.
@@ -582,18 +563,14 @@ pub fn token_logprobs_backward(
 ) -> Result<Tensor<Cpu>> {
     let op = "token_logprobs_backward";
     let (t, d, v) = check_loss(op, h, head, targets)?;
-    let dh_ok = dhead.as_ref().is_none_or(|w| w.shape() == head.shape());
-    if g_logp.numel() != t || g_entropy.numel() != t || !dh_ok {
-        return Err(shape_err(
-            op,
-            format!(
-                "{} and {} coefficients for {t} rows, head {:?}",
-                g_logp.numel(),
-                g_entropy.numel(),
-                head.shape()
-            ),
-        ));
-    }
+    crate::engine::shapes::token_loss_backward_dims(
+        op,
+        t,
+        g_logp,
+        g_entropy,
+        head,
+        dhead.as_deref(),
+    )?;
     let hs = f32s(h, op)?;
     let ws = f32s(head, op)?;
     let tg = u32s(targets, op)?;

@@ -129,24 +129,7 @@ fn check_train(
     v: &Tensor<Cuda>,
     sh: &AttentionShape,
 ) -> Result<(usize, usize, usize)> {
-    let (t, qf) = q.dims2(op)?;
-    let (tk, kf) = k.dims2(op)?;
-    let ok = heads_ok(sh)
-        && qf == sh.n_heads * sh.head_dim
-        && kf == sh.n_kv_heads * sh.head_dim
-        && tk == t
-        && v.shape() == k.shape();
-    if !ok {
-        return Err(shape_err(
-            op,
-            format!(
-                "q {:?}, k {:?}, v {:?}, {sh:?}",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            ),
-        ));
-    }
+    let (t, qf, kf) = crate::engine::shapes::attention_train_dims(op, q, k, v, sh)?;
     check_head_dim(op, sh)?;
     Ok((t, qf, kf))
 }

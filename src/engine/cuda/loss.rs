@@ -109,18 +109,14 @@ pub(crate) fn token_logprobs_backward(
 ) -> Result<Tensor<Cuda>> {
     let op = "token_logprobs_backward";
     let (t, d, v, tg) = check(be, op, h, head, targets)?;
-    let dh_ok = dhead.as_ref().is_none_or(|w| w.shape() == head.shape());
-    if g_logp.numel() != t || g_entropy.numel() != t || !dh_ok {
-        return Err(shape_err(
-            op,
-            format!(
-                "{} and {} coefficients for {t} rows, head {:?}",
-                g_logp.numel(),
-                g_entropy.numel(),
-                head.shape()
-            ),
-        ));
-    }
+    crate::engine::shapes::token_loss_backward_dims(
+        op,
+        t,
+        g_logp,
+        g_entropy,
+        head,
+        dhead.as_deref(),
+    )?;
     let dt = float_dtype(op, h)?;
     let sfx = Cuda::suffix(op, dt)?;
     let head = coerce(be, head, dt)?;
