@@ -227,3 +227,23 @@ fn tokenizer_and_init_are_deterministic() {
         .len();
     assert!(size < 1_000_000, "tiny preset weights are {size} bytes");
 }
+
+#[test]
+fn a_name_is_the_same_tokens_after_a_space_a_slash_or_a_line_start() {
+    let d = tempfile::tempdir().unwrap();
+    let (_, tok) = tiny(d.path());
+    let name = tok.encode("wexdor42").unwrap();
+    for text in [
+        "from wexdor42 import money",
+        "```\nwexdor42/money.py",
+        "    wexdor42/\n",
+        "/home/user/wexdor42/x.py",
+    ] {
+        let ids = tok.encode(text).unwrap();
+        assert!(
+            ids.windows(name.len()).any(|w| w == name.as_slice()),
+            "{text:?} does not contain the tokens of the bare name"
+        );
+        assert_eq!(tok.decode(&ids, false).unwrap(), text, "round trip");
+    }
+}

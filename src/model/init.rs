@@ -8,7 +8,11 @@ use serde::Serialize;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::AddedToken;
+use tokenizers::SplitDelimiterBehavior;
 
 use crate::engine::rng::SplitMix;
 use crate::model::config::{Family, ModelConfig};
@@ -90,7 +94,20 @@ pub fn train_tokenizer(texts: &[String], vocab: usize) -> Result<tokenizers::Tok
         .build();
     let mut trainer = TrainerWrapper::BpeTrainer(trainer);
     let mut tok = tokenizers::Tokenizer::new(BPE::default());
-    tok.with_pre_tokenizer(Some(ByteLevel::new(false, false, true)));
+    // Whitespace runs are pieces of their own, so a word is the same tokens whether a space,
+    // a slash or a line start precedes it: `umber3` in `from umber3 import x`, in the tree view
+    // and at the start of an answer path. Copying a name the model has never seen from the
+    // prompt into the answer is then a plain token-for-token copy.
+    let split = Split::new(
+        SplitPattern::Regex(r"\s+".into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(err)?;
+    tok.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+        PreTokenizerWrapper::Split(split),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, true)),
+    ]))));
     tok.with_decoder(Some(ByteLevel::new(false, false, true)));
     tok.with_post_processor(Some(ByteLevel::new(false, false, true)));
     tok.train(&mut trainer, texts.iter()).map_err(err)?;

@@ -85,6 +85,10 @@ pub struct Stage1Config {
     pub max_len: usize,
     /// Package-renamed copies of each accepted example (see `pipeline::augment`).
     pub renames: usize,
+    /// Also train on the accepted examples under their real package names (memorisable); off,
+    /// only renamed copies are trained on, so copying the name from the prompt is the only way
+    /// to name a file right.
+    pub keep_originals: bool,
 }
 
 impl Default for Stage1Config {
@@ -96,7 +100,8 @@ impl Default for Stage1Config {
             lr: 2e-3,
             batch_tokens: 2048,
             max_len: 2048,
-            renames: 1,
+            renames: 2,
+            keep_originals: false,
         }
     }
 }

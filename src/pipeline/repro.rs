@@ -408,7 +408,8 @@ pub fn run_repro(
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
     for (i, conv) in kept_idx {
-        if let Some(r) = Renamer::new(package_of(&items[i].record.repo)) {
+        let renamer = Renamer::new(package_of(&items[i].record.repo));
+        if let Some(r) = &renamer {
             for _ in 0..cfg.stage1.renames {
                 let to = fresh_name(&mut rng);
                 kept.push(
@@ -418,7 +419,9 @@ pub fn run_repro(
                 );
             }
         }
-        kept.push(conv);
+        if cfg.stage1.keep_originals || renamer.is_none() || cfg.stage1.renames == 0 {
+            kept.push(conv);
+        }
     }
     for (k, a) in &acceptance {
         writeln!(
