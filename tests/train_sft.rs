@@ -21,7 +21,7 @@ fn config(root: &Path, out: &str) -> SftConfig {
         data: root.join("train.jsonl"),
         eval_data: Some(root.join("eval.jsonl")),
         out: root.join(out),
-        epochs: 2,
+        epochs: 3,
         batch_tokens: 384,
         save_every: 0,
         keep_last: 2,
