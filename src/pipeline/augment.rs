@@ -7,16 +7,13 @@ use regex::Regex;
 
 use crate::engine::rng::SplitMix;
 
-const SYLLABLES: [&str; 26] = [
-    "ka", "lo", "mi", "zu", "ter", "van", "pol", "rix", "den", "sa", "mo", "qui", "bel", "dor",
-    "fen", "gal", "hu", "jin", "nor", "pe", "ral", "sen", "tu", "vor", "wex", "ya",
-];
-
-/// A made-up package name: two or three syllables and a number.
+/// A made-up package name: 4-8 random lowercase letters and a number (always a valid Python
+/// identifier, never a keyword). Letters are uniform so that no prior over names can predict
+/// one: the only way to lower the loss on a renamed name is to copy it from the context.
 pub fn fresh_name(rng: &mut SplitMix) -> String {
-    let n = 2 + rng.below(2) as usize;
+    let n = 4 + rng.below(5) as usize;
     let mut s: String = (0..n)
-        .map(|_| SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize])
+        .map(|_| char::from(b'a' + rng.below(26) as u8))
         .collect();
     s.push_str(&rng.below(100).to_string());
     s
