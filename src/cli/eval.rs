@@ -23,7 +23,7 @@ pub struct EvalArgs {
     /// Folder of git mirrors (`owner__name`).
     #[arg(long)]
     pub repos: PathBuf,
-    /// Predictions in SWE-bench's format are written here; a summary beside it.
+    /// Predictions in SWE-bench's format are written here; a summary and per-instance answers beside it.
     #[arg(long, default_value = "predictions.jsonl")]
     pub out: PathBuf,
     /// Edit samples per instance.
@@ -38,6 +38,9 @@ pub struct EvalArgs {
     /// Skip the repository tests (hit rates and %Applied only).
     #[arg(long)]
     pub no_tests: bool,
+    /// Free decoding: do not constrain localization answers to what the prompt showed
+    #[arg(long)]
+    pub free: bool,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -54,6 +57,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         run_tests: !a.no_tests,
         seed: a.seed,
+        constrain: !a.free,
         ..EvalConfig::default()
     };
     let mut ans = ModelAnswerer {
@@ -76,6 +80,14 @@ pub fn run(a: EvalArgs) -> Result<()> {
         )?;
     }
     f.flush()?;
+    let details = a.out.with_extension("details.jsonl");
+    let mut d = std::io::BufWriter::new(
+        std::fs::File::create(&details).with_context(|| details.display().to_string())?,
+    );
+    for o in &outcomes {
+        writeln!(d, "{}", serde_json::to_string(o)?)?;
+    }
+    d.flush()?;
     let sum_path = a.out.with_extension("summary.json");
     std::fs::write(&sum_path, serde_json::to_string_pretty(&summary)?)?;
     println!("{}", serde_json::to_string(&summary)?);

@@ -109,6 +109,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             max_new_tokens: a.max_new_tokens,
             stop_ids: stop_ids.clone(),
             stop_strings: a.stop.clone(),
+            constraint: None,
         });
     } else if let Some(path) = &a.prompts {
         let f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
@@ -136,6 +137,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 max_new_tokens: l.max_new_tokens.unwrap_or(a.max_new_tokens),
                 stop_ids: stop_ids.clone(),
                 stop_strings: a.stop.clone(),
+                constraint: None,
             });
         }
     }

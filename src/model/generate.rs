@@ -4,7 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Backend, SamplingParams};
+use std::sync::Arc;
+
+use crate::engine::sampling::Sampled;
+use crate::engine::{Backend, SamplingParams, Tensor};
+use crate::model::constraint::{sample_masked, token_pieces, TokenConstraint};
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
 use crate::model::tokenizer::Tokenizer;
@@ -23,6 +27,8 @@ pub struct GenRequest {
     pub stop_ids: Vec<u32>,
     /// Strings that end the sequence (cut from the output text).
     pub stop_strings: Vec<String>,
+    /// Grammar the generated text must follow (needs a tokenizer).
+    pub constraint: Option<Arc<dyn TokenConstraint>>,
 }
 
 /// Why a sequence ended.
@@ -108,6 +114,11 @@ fn validate<B: Backend>(
                 "request {i}: stop strings need a tokenizer"
             )));
         }
+        if r.constraint.is_some() && tok.is_none() {
+            return Err(ModelError::Input(format!(
+                "request {i}: a constraint needs a tokenizer"
+            )));
+        }
     }
     Ok(())
 }
@@ -142,6 +153,10 @@ pub fn generate<B: Backend>(
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let pieces = match tok {
+        Some(t) if reqs.iter().any(|r| r.constraint.is_some()) => token_pieces(t),
+        _ => Vec::new(),
+    };
     let mut slots: Vec<Option<Active>> = (0..n_slots).map(|_| None).collect();
     let mut next = 0usize;
     let mut generated = 0usize;
@@ -176,7 +191,8 @@ pub fn generate<B: Backend>(
                         logit_rows: &[n as u32 - 1],
                     },
                 )?;
-                let s = model.backend.sample(&logits, &[r.params], &[0])?;
+                let mut s = model.backend.sample(&logits, &[r.params], &[0])?;
+                constrain(model, tok, &pieces, &logits, &[(r, &[][..])], &mut s)?;
                 let mut a = Active {
                     req: i,
                     cached: n,
@@ -227,7 +243,12 @@ pub fn generate<B: Backend>(
                 logit_rows: &rows,
             },
         )?;
-        let sampled = model.backend.sample(&logits, &params, &counters)?;
+        let mut sampled = model.backend.sample(&logits, &params, &counters)?;
+        let rows_done: Vec<(&GenRequest, &[u32])> = active
+            .iter()
+            .filter_map(|&s| slots[s].as_ref().map(|a| (&reqs[a.req], &a.ids[..])))
+            .collect();
+        constrain(model, tok, &pieces, &logits, &rows_done, &mut sampled)?;
         for (k, &s) in active.iter().enumerate() {
             let done = match slots[s].as_mut() {
                 Some(a) => {
@@ -256,6 +277,38 @@ pub fn generate<B: Backend>(
         .enumerate()
         .map(|(i, o)| o.ok_or_else(|| ModelError::Input(format!("request {i} produced no output"))))
         .collect()
+}
+
+/// Re-samples the rows whose request has an active constraint, on the host, from masked logits.
+fn constrain<B: Backend>(
+    model: &Model<B>,
+    tok: Option<&Tokenizer>,
+    pieces: &[Option<String>],
+    logits: &Tensor<B>,
+    rows: &[(&GenRequest, &[u32])],
+    sampled: &mut [Sampled],
+) -> Result<()> {
+    let (Some(tok), false) = (tok, pieces.is_empty()) else {
+        return Ok(());
+    };
+    if rows.iter().all(|(r, _)| r.constraint.is_none()) {
+        return Ok(());
+    }
+    let host = model.backend.to_host_f32(logits)?;
+    let vocab = host.len() / rows.len().max(1);
+    for (k, (r, ids)) in rows.iter().enumerate() {
+        let Some(c) = &r.constraint else { continue };
+        let text = tok.decode(ids, true)?;
+        let remaining = r.max_new_tokens.saturating_sub(ids.len());
+        let Some(allowed) = c.allowed(&text, remaining, pieces) else {
+            continue;
+        };
+        let row = &host[k * vocab..(k + 1) * vocab];
+        if let Some(s) = sample_masked(row, &allowed, &r.stop_ids, &r.params, ids.len() as u64) {
+            sampled[k] = s;
+        }
+    }
+    Ok(())
 }
 
 fn check_done(

@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod constraint;
 pub mod error;
 pub mod generate;
 pub mod init;

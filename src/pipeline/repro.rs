@@ -47,6 +47,10 @@ pub struct StageResult {
     pub mean_reward: f64,
     /// Why answers scored zero (format errors, invented targets, ...), counted over all subtasks.
     pub zero_reasons: BTreeMap<String, usize>,
+    /// The same subtask rewards with free decoding (`eval.constrain` off), when the run was constrained.
+    pub free_subtask_reward: BTreeMap<String, f64>,
+    /// Zero reasons with free decoding.
+    pub free_zero_reasons: BTreeMap<String, usize>,
     /// The end-to-end Agentless evaluation.
     pub pipeline: EvalSummary,
 }
@@ -171,6 +175,7 @@ fn subtask_rewards(
     tok: &Tokenizer,
     recs: &[SubtaskRecord],
     cfg: &ReproConfig,
+    constrain: bool,
 ) -> anyhow::Result<(BTreeMap<String, f64>, BTreeMap<String, usize>)> {
     let mut reqs = Vec::new();
     let mut which = Vec::new();
@@ -185,6 +190,7 @@ fn subtask_rewards(
             max_new_tokens: cfg.eval.max_new_tokens,
             stop_ids: tok.stop_ids(),
             stop_strings: Vec::new(),
+            constraint: crate::swe::grammar::constraint_for(r, cfg.eval.max_new_tokens, constrain),
         });
         which.push(i);
     }
@@ -494,7 +500,14 @@ pub fn run_repro(
         let (model, tok) = load_dir(&Cpu, dir)?;
         let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
         status.detail(format!("evaluation: {name}: subtask rewards"));
-        let (subtask_reward, zero_reasons) = subtask_rewards(&model, &tok, &held_records, cfg)?;
+        let (subtask_reward, zero_reasons) =
+            subtask_rewards(&model, &tok, &held_records, cfg, cfg.eval.constrain)?;
+        let (free_subtask_reward, free_zero_reasons) = if cfg.eval.constrain {
+            status.detail(format!("evaluation: {name}: subtask rewards, free decoding"));
+            subtask_rewards(&model, &tok, &held_records, cfg, false)?
+        } else {
+            Default::default()
+        };
         let mean_reward = subtask_reward.values().sum::<f64>() / subtask_reward.len().max(1) as f64;
         let mut ecfg = cfg.eval.clone();
         ecfg.seed = cfg.seed;
@@ -522,6 +535,8 @@ pub fn run_repro(
             subtask_reward,
             mean_reward,
             zero_reasons,
+            free_subtask_reward,
+            free_zero_reasons,
             pipeline,
         };
         let mut v = serde_json::to_value(&r)?;

@@ -46,6 +46,9 @@ pub struct EvalConfig {
     pub test_timeout: f64,
     /// Edit reward used for the edit hit rate.
     pub edit_reward: EditReward,
+    /// Constrained decoding of localization answers: they may only name what the prompt showed
+    /// ([`crate::swe::grammar`]); the chain of thought stays free. Off: free decoding, as Agentless.
+    pub constrain: bool,
 }
 
 impl Default for EvalConfig {
@@ -61,6 +64,7 @@ impl Default for EvalConfig {
             workers: 2,
             test_timeout: 60.0,
             edit_reward: EditReward::LineFbeta,
+            constrain: true,
         }
     }
 }
@@ -72,6 +76,8 @@ pub struct InstanceOutcome {
     pub instance_id: String,
     /// Reward of each stage's answer (missing once the chain broke).
     pub rewards: BTreeMap<String, f64>,
+    /// Each stage's answer text (the first sample for edits), as generated.
+    pub answers: BTreeMap<String, String>,
     /// The chosen patch (empty when none applied).
     pub patch: String,
     /// Whether some sampled edit applied.
@@ -137,6 +143,8 @@ impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
             if !ok {
                 continue;
             }
+            let constraint =
+                crate::swe::grammar::constraint_for(r, cfg.max_new_tokens, cfg.constrain);
             for k in 0..n {
                 reqs.push(GenRequest {
                     prompt: ids.clone(),
@@ -149,6 +157,7 @@ impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
                     max_new_tokens: cfg.max_new_tokens,
                     stop_ids: tok.stop_ids(),
                     stop_strings: Vec::new(),
+                    constraint: constraint.clone(),
                 });
             }
         }
@@ -239,6 +248,9 @@ pub fn evaluate(
             outcomes[i]
                 .rewards
                 .insert(stage.name().into(), rec.reward(ans, cfg.edit_reward).reward);
+            outcomes[i]
+                .answers
+                .insert(stage.name().into(), ans.clone());
             recs[i] = next_from_prediction(&instances[i], &snaps[i], &rec, ans);
         }
     }
@@ -256,8 +268,9 @@ pub fn evaluate(
             .iter()
             .map(|a| rec.reward(a, cfg.edit_reward).reward)
             .fold(0.0f64, f64::max);
-        if !outs[k].is_empty() {
+        if let Some(first) = outs[k].first() {
             outcomes[i].rewards.insert("edit".into(), best);
+            outcomes[i].answers.insert("edit".into(), first.clone());
         }
         candidates[i] = outs[k]
             .iter()

@@ -101,6 +101,9 @@ pub struct RlConfig {
     pub keep_last: usize,
     /// Seed of prompt choice and sampling.
     pub seed: u64,
+    /// Constrained decoding of localization answers in rollouts: answers may only name what the
+    /// prompt showed ([`crate::swe::grammar`]); the chain of thought stays free.
+    pub constrain: bool,
 }
 
 impl Default for RlConfig {
@@ -132,6 +135,7 @@ impl Default for RlConfig {
             save_every: 4,
             keep_last: 2,
             seed: 0,
+            constrain: true,
         }
     }
 }
@@ -363,6 +367,11 @@ impl<B: Backend> RlTrainer<B> {
             .collect();
         let mut reqs = Vec::new();
         for (gi, &p) in chosen.iter().enumerate() {
+            let constraint = crate::swe::grammar::constraint_for(
+                &items[self.prompts[p].0].record,
+                cfg.max_new_tokens,
+                cfg.constrain,
+            );
             for k in 0..cfg.group_size {
                 reqs.push(GenRequest {
                     prompt: self.prompts[p].1.clone(),
@@ -379,6 +388,7 @@ impl<B: Backend> RlTrainer<B> {
                     max_new_tokens: cfg.max_new_tokens,
                     stop_ids: tok.stop_ids(),
                     stop_strings: Vec::new(),
+                    constraint: constraint.clone(),
                 });
             }
         }

@@ -447,6 +447,7 @@ impl<B: Backend> Teacher for ModelTeacher<'_, B> {
                     max_new_tokens: self.max_new_tokens,
                     stop_ids: self.tokenizer.stop_ids(),
                     stop_strings: Vec::new(),
+                    constraint: None,
                 });
             }
         }

@@ -1,0 +1,124 @@
+//! Constrained decoding: a [`TokenConstraint`] decides, from the text a sequence has generated so
+//! far, which vocabulary pieces may come next and whether the sequence may end. The generation
+//! engine masks the other tokens out before sampling (the way serving engines do guided decoding).
+
+use std::fmt::Debug;
+
+/// What may follow the text generated so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allowed {
+    /// Per token id: whether its piece may come next.
+    pub pieces: Vec<bool>,
+    /// Whether a stop token may come next.
+    pub stop: bool,
+}
+
+/// Restricts the next token of one sequence.
+pub trait TokenConstraint: Send + Sync + Debug {
+    /// What may follow `text` (the generated text so far) with `remaining` tokens of budget left,
+    /// given every token's decoded piece (`None` for special tokens); `None` leaves the step free.
+    fn allowed(&self, text: &str, remaining: usize, pieces: &[Option<String>]) -> Option<Allowed>;
+}
+
+/// Every token's decoded piece (`None` for special tokens and pieces that are not valid UTF-8 alone).
+pub fn token_pieces(tok: &crate::model::Tokenizer) -> Vec<Option<String>> {
+    let stops = tok.stop_ids();
+    (0..tok.vocab_size() as u32)
+        .map(|id| {
+            if stops.contains(&id) {
+                return None;
+            }
+            let plain = tok.decode(&[id], true).ok()?;
+            let raw = tok.decode(&[id], false).ok()?;
+            (plain == raw && !plain.is_empty() && !plain.contains('\u{fffd}')).then_some(plain)
+        })
+        .collect()
+}
+
+/// Samples one row under a constraint: disallowed tokens get probability 0; the returned
+/// log-probability is the token's under the unconstrained distribution (what a teacher-forced
+/// forward pass recomputes), so policy-gradient ratios stay consistent.
+pub fn sample_masked(
+    logits: &[f32],
+    allowed: &Allowed,
+    stop_ids: &[u32],
+    p: &crate::engine::SamplingParams,
+    counter: u64,
+) -> Option<crate::engine::sampling::Sampled> {
+    let mut masked = logits.to_vec();
+    let mut any = false;
+    for (i, v) in masked.iter_mut().enumerate() {
+        let ok = if stop_ids.contains(&(i as u32)) {
+            allowed.stop
+        } else {
+            allowed.pieces.get(i).copied().unwrap_or(false)
+        };
+        if ok && v.is_finite() {
+            any = true;
+        } else {
+            *v = f32::NEG_INFINITY;
+        }
+    }
+    if !any {
+        return None;
+    }
+    let s = crate::engine::sampling::sample_row(&masked, p, counter);
+    let inv_t = if p.temperature > 0.0 {
+        1.0 / p.temperature as f64
+    } else {
+        1.0
+    };
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64 * inv_t;
+    let lse = m + logits
+        .iter()
+        .map(|&v| (v as f64 * inv_t - m).exp())
+        .sum::<f64>()
+        .ln();
+    Some(crate::engine::sampling::Sampled {
+        id: s.id,
+        logprob: (logits[s.id as usize] as f64 * inv_t - lse) as f32,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::SamplingParams;
+
+    #[test]
+    fn masked_sampling_never_picks_a_banned_token_and_reports_the_full_logprob() {
+        let logits = [5.0f32, 1.0, 0.0, -1.0];
+        let allowed = Allowed {
+            pieces: vec![false, true, true, false],
+            stop: false,
+        };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 3,
+        };
+        let lse = logits.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
+        let mut seen = [0usize; 4];
+        for c in 0..2000 {
+            let s = sample_masked(&logits, &allowed, &[3], &p, c).expect("some token allowed");
+            seen[s.id as usize] += 1;
+            assert!((s.logprob as f64 - (logits[s.id as usize] as f64 - lse)).abs() < 1e-5);
+        }
+        assert_eq!(seen[0] + seen[3], 0);
+        // Renormalised over {1, 2}: p(1) = e / (e + 1) ~ 0.73.
+        let f = seen[1] as f64 / 2000.0;
+        assert!((f - 0.731).abs() < 0.05, "{f}");
+        let stop_ok = Allowed {
+            pieces: vec![false; 4],
+            stop: true,
+        };
+        let g = sample_masked(&logits, &stop_ok, &[3], &SamplingParams::greedy(), 0);
+        assert_eq!(g.map(|s| s.id), Some(3));
+        let none = Allowed {
+            pieces: vec![false; 4],
+            stop: false,
+        };
+        assert!(sample_masked(&logits, &none, &[3], &p, 0).is_none());
+    }
+}

@@ -1,0 +1,351 @@
+//! Answer grammars of the localization subtasks, for constrained decoding: the chain of thought
+//! is free, the final answer after `</think>` may only name what the prompt showed (tree paths,
+//! skeleton definitions, shown line numbers) in the answer format the prompt asks for. When the
+//! budget runs low inside the chain of thought, `</think>` is forced so an answer always fits.
+
+use std::collections::BTreeSet;
+
+use crate::model::constraint::{Allowed, TokenConstraint};
+use crate::swe::subtask::{Subtask, SubtaskRecord};
+
+/// End of the chain of thought.
+pub const THINK_END: &str = "</think>";
+/// What opens the answer block right after `</think>`.
+pub const OPEN: &str = "\n```\n";
+/// What closes the answer block.
+pub const CLOSE: &str = "```";
+
+/// A line-oriented answer grammar: `OPEN (LINE "\n")+ CLOSE`; a group starts with a path line,
+/// then item lines from a finite set or of the form `key: identifier`; blank lines end groups.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnswerGrammar {
+    /// Paths that may head a group.
+    pub paths: BTreeSet<String>,
+    /// Item lines allowed verbatim under a path.
+    pub lines: BTreeSet<String>,
+    /// Line keys (`"function: "`) followed by a dotted identifier.
+    pub named: Vec<String>,
+    /// Whether blank lines (group separators) are allowed.
+    pub blank: bool,
+    /// Whether every group needs at least one item line under its path.
+    pub need_item: bool,
+    /// Most answer lines.
+    pub max_lines: usize,
+    /// Tokens kept for the answer: with fewer left inside the chain of thought, `</think>` is forced.
+    pub reserve: usize,
+}
+
+fn ident_prefix(s: &str) -> bool {
+    s.chars()
+        .enumerate()
+        .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && (c.is_ascii_digit() || c == '.')))
+}
+
+/// Tokens kept for the answer out of a budget of `max_new_tokens`.
+pub fn reserve_for(max_new_tokens: usize) -> usize {
+    (max_new_tokens / 2).min(40)
+}
+
+/// The constraint of a record's answer (`None` for edits, or with `on` false).
+pub fn constraint_for(
+    rec: &SubtaskRecord,
+    max_new_tokens: usize,
+    on: bool,
+) -> Option<std::sync::Arc<dyn TokenConstraint>> {
+    if !on {
+        return None;
+    }
+    AnswerGrammar::for_record(rec, reserve_for(max_new_tokens))
+        .map(|g| std::sync::Arc::new(g) as std::sync::Arc<dyn TokenConstraint>)
+}
+
+impl AnswerGrammar {
+    /// The grammar of a localization record's answer; `None` for edits (left free).
+    pub fn for_record(rec: &SubtaskRecord, reserve: usize) -> Option<Self> {
+        let mut g = AnswerGrammar {
+            paths: BTreeSet::new(),
+            lines: BTreeSet::new(),
+            named: Vec::new(),
+            blank: true,
+            need_item: true,
+            max_lines: 24,
+            reserve,
+        };
+        match rec.subtask {
+            Subtask::File => {
+                g.paths.extend(rec.shown.files.iter().cloned());
+                g.blank = false;
+                g.need_item = false;
+                g.max_lines = 5;
+            }
+            Subtask::Function => {
+                g.paths.extend(rec.shown.files.iter().cloned());
+                for f in &rec.shown.functions {
+                    g.paths.insert(f.path.clone());
+                    g.lines.insert(format!("{}: {}", f.kind.word(), f.name));
+                }
+            }
+            Subtask::Line => {
+                for w in &rec.shown.windows {
+                    g.paths.insert(w.path.clone());
+                    for n in w.start_line..w.start_line + w.len() {
+                        g.lines.insert(format!("line: {n}"));
+                    }
+                }
+                g.named = ["function: ", "method: ", "class: "]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+            }
+            Subtask::Edit => return None,
+        }
+        (!g.paths.is_empty()).then_some(g)
+    }
+
+    /// Whether `line` may come next; `in_group`: a path heads the current group.
+    fn line_ok(&self, line: &str, in_group: bool) -> bool {
+        if line.is_empty() {
+            return self.blank && in_group;
+        }
+        if self.paths.contains(line) {
+            return true;
+        }
+        if !in_group {
+            return false;
+        }
+        self.lines.contains(line)
+            || self.named.iter().any(|k| {
+                line.strip_prefix(k.as_str())
+                    .is_some_and(|rest| !rest.is_empty() && ident_prefix(rest))
+            })
+    }
+
+    /// Whether `part` can grow into a line; `may_head`: a path (or blank line) may come now.
+    fn line_prefix_ok(&self, part: &str, in_group: bool, may_head: bool) -> bool {
+        let starts = |set: &BTreeSet<String>| {
+            set.range(part.to_string()..)
+                .next()
+                .is_some_and(|l| l.starts_with(part))
+        };
+        if part.is_empty() || (may_head && starts(&self.paths)) {
+            return true;
+        }
+        in_group && starts(&self.lines)
+            || in_group && self.named.iter().any(|k| {
+                k.starts_with(part)
+                    || part
+                        .strip_prefix(k.as_str())
+                        .is_some_and(ident_prefix)
+            })
+    }
+
+    /// Whether `answer` (the text after `</think>`) can still be completed; with `complete`, whether
+    /// it is a whole answer.
+    fn check(&self, answer: &str, complete: bool) -> bool {
+        let Some(body) = answer.strip_prefix(OPEN) else {
+            return !complete && OPEN.starts_with(answer);
+        };
+        let mut n = 0usize;
+        let mut in_group = false;
+        let mut items = 0usize;
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let mut rest = body;
+        // Whether the current group may end here.
+        let group_done = |in_group: bool, items: usize| !in_group || !self.need_item || items > 0;
+        while let Some(i) = rest.find('\n') {
+            let line = &rest[..i];
+            let heads = line.is_empty() || self.paths.contains(line);
+            if n >= self.max_lines
+                || !self.line_ok(line, in_group)
+                || (heads && !group_done(in_group, items))
+                || (!line.is_empty() && !seen.insert(line))
+            {
+                return false;
+            }
+            n += 1;
+            items = if heads { 0 } else { items + 1 };
+            in_group = !line.is_empty();
+            rest = &rest[i + 1..];
+        }
+        // A block may close after any complete line but a leading or doubled blank one, and only
+        // once the last group has an item (where items are needed).
+        let closable = n > 0 && group_done(in_group, items);
+        if complete {
+            return rest == CLOSE && closable;
+        }
+        (closable && CLOSE.starts_with(rest))
+            || (n < self.max_lines
+                && !seen.contains(rest)
+                && self.line_prefix_ok(rest, in_group, group_done(in_group, items)))
+    }
+
+    /// Whether `answer` (after `</think>`) can be extended into a whole answer.
+    pub fn prefix_ok(&self, answer: &str) -> bool {
+        self.check(answer, false)
+    }
+
+    /// Whether `text` has not closed the chain of thought, or its answer can still be completed.
+    fn answer_after_ok(&self, text: &str) -> bool {
+        text.find(THINK_END)
+            .is_none_or(|i| self.prefix_ok(&text[i + THINK_END.len()..]))
+    }
+
+    /// Whether `answer` (after `</think>`) is a whole answer.
+    pub fn complete(&self, answer: &str) -> bool {
+        self.check(answer, true)
+    }
+}
+
+impl TokenConstraint for AnswerGrammar {
+    fn allowed(&self, text: &str, remaining: usize, pieces: &[Option<String>]) -> Option<Allowed> {
+        if let Some(i) = text.find(THINK_END) {
+            // Inside the answer: only pieces that keep it completable; stop once it is whole.
+            // Only the tail after the last newline needs checking per piece.
+            let answer = &text[i + THINK_END.len()..];
+            let complete = self.complete(answer);
+            let allowed = pieces
+                .iter()
+                .map(|p| {
+                    p.as_deref().is_some_and(|p| {
+                        !complete && self.prefix_ok(&format!("{answer}{p}"))
+                    })
+                })
+                .collect();
+            return Some(Allowed {
+                pieces: allowed,
+                stop: complete,
+            });
+        }
+        if remaining > self.reserve {
+            // Free chain of thought, but no stopping before an answer.
+            let allowed = pieces
+                .iter()
+                .map(|p| {
+                    p.as_deref().is_some_and(|p| {
+                        !p.contains('>') || self.answer_after_ok(&format!("{text}{p}"))
+                    })
+                })
+                .collect();
+            return Some(Allowed {
+                pieces: allowed,
+                stop: false,
+            });
+        }
+        // Budget forcing: only pieces that continue `</think>` (possibly into the answer).
+        let k = (1..THINK_END.len())
+            .rev()
+            .find(|&k| text.ends_with(&THINK_END[..k]))
+            .unwrap_or(0);
+        let need = &THINK_END[k..];
+        let allowed = pieces
+            .iter()
+            .map(|p| {
+                p.as_deref().is_some_and(|p| {
+                    need.starts_with(p)
+                        || p.strip_prefix(need).is_some_and(|a| self.prefix_ok(a))
+                })
+            })
+            .collect();
+        Some(Allowed {
+            pieces: allowed,
+            stop: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_grammar() -> AnswerGrammar {
+        AnswerGrammar {
+            paths: ["pkg/a.py", "pkg/ab.py", "setup.py"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            lines: BTreeSet::new(),
+            named: Vec::new(),
+            blank: false,
+            need_item: false,
+            max_lines: 2,
+            reserve: 4,
+        }
+    }
+
+    #[test]
+    fn answer_prefixes_follow_the_shown_paths() {
+        let g = file_grammar();
+        for ok in ["", "\n`", "\n```\n", "\n```\npkg/a", "\n```\npkg/a.py\n", "\n```\npkg/a.py\n``"] {
+            assert!(g.prefix_ok(ok), "{ok:?}");
+        }
+        for bad in [
+            "x",
+            "\n```\nother/a.py",
+            "\n```\n```",
+            "\n```\npkg/a.pyx",
+            "\n```\npkg/a.py\npkg/ab.py\nsetup.py\n",
+            "\n```\npkg/a.py\n```x",
+            "\n```\n\n",
+        ] {
+            assert!(!g.prefix_ok(bad), "{bad:?}");
+        }
+        assert!(g.complete("\n```\npkg/a.py\n```"));
+        assert!(!g.complete("\n```\npkg/a.py\n"));
+        assert!(!g.complete("\n```\n```"));
+    }
+
+    #[test]
+    fn named_lines_take_identifiers_only() {
+        let g = AnswerGrammar {
+            paths: ["a.py".to_string()].into_iter().collect(),
+            lines: ["line: 3".to_string()].into_iter().collect(),
+            named: vec!["function: ".into()],
+            blank: true,
+            need_item: true,
+            max_lines: 8,
+            reserve: 4,
+        };
+        assert!(g.complete("\n```\na.py\nfunction: Shape.area\nline: 3\n\n```"));
+        assert!(g.prefix_ok("\n```\na.py\nfunc"));
+        assert!(!g.prefix_ok("\n```\na.py\nfunction: 9x"));
+        assert!(!g.prefix_ok("\n```\na.py\nline: 4\n"));
+        assert!(!g.complete("\n```\n\n```"), "an answer needs a non-blank line");
+        assert!(!g.prefix_ok("\n```\nline: 3\n"), "items need a path above them");
+        assert!(!g.prefix_ok("\n```\nfunction: f"), "items need a path above them");
+        assert!(!g.prefix_ok("\n```\na.py\n\nline: 3\n"), "a blank line ends the group");
+        assert!(!g.prefix_ok("\n```\na.py\nline: 3\n\na.py\n"), "no repeated lines");
+        assert!(!g.complete("\n```\na.py\n```"), "a group needs an item");
+        assert!(!g.prefix_ok("\n```\na.py\n\n"), "a group needs an item");
+        assert!(!g.prefix_ok("\n```\na.py\nline: 3\nline: 3\n"), "no repeated lines");
+        assert!(!g.prefix_ok("\n```\na.py\n\n\n"), "no doubled blank lines");
+    }
+
+    fn pieces(v: &[&str]) -> Vec<Option<String>> {
+        v.iter().map(|s| Some(s.to_string())).collect()
+    }
+
+    #[test]
+    fn the_mask_frees_thinking_forces_the_close_and_stops_only_when_whole() {
+        let g = file_grammar();
+        let p = pieces(&["</", "think", ">", "\n```\n", "pkg/", "a.py", "\n", "```", "zzz"]);
+        let free = g.allowed("<think>so", 50, &p).expect("always constrained");
+        assert!(free.pieces.iter().all(|&b| b) && !free.stop);
+        let forced = g.allowed("<think>so", 3, &p).expect("forced");
+        let names = |a: &Allowed| -> Vec<&str> {
+            p.iter()
+                .zip(&a.pieces)
+                .filter(|(_, &b)| b)
+                .filter_map(|(s, _)| s.as_deref())
+                .collect()
+        };
+        assert_eq!(names(&forced), vec!["</"]);
+        assert_eq!(names(&g.allowed("<think>so</", 2, &p).expect("forced")), vec!["think"]);
+        let ans = g.allowed("<think>so</think>\n```\n", 9, &p).expect("answer");
+        assert_eq!(names(&ans), vec!["pkg/"]);
+        let after = g.allowed("<think>so</think>\n```\npkg/a.py\n", 9, &p).expect("answer");
+        assert_eq!(names(&after), vec!["pkg/", "```"]);
+        assert!(!after.stop);
+        let done = g.allowed("<think>so</think>\n```\npkg/a.py\n```", 9, &p).expect("answer");
+        assert!(done.stop && done.pieces.iter().all(|&b| !b));
+    }
+}
