@@ -247,3 +247,58 @@ fn a_name_is_the_same_tokens_after_a_space_a_slash_or_a_line_start() {
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "round trip");
     }
 }
+
+#[test]
+fn constrained_answers_follow_the_grammar_and_keep_full_logprobs() {
+    use sorft::swe::grammar::{AnswerGrammar, THINK_END};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let g = AnswerGrammar {
+        paths: ["pkg/core.py", "pkg/util.py"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        lines: Default::default(),
+        named: Vec::new(),
+        blank: false,
+        need_item: false,
+        max_lines: 1,
+        reserve: 24,
+    };
+    let prompt = tok.encode("Which file? <think>").unwrap();
+    let reqs: Vec<GenRequest> = (0..6)
+        .map(|s| GenRequest {
+            prompt: prompt.clone(),
+            params: sampled(s),
+            max_new_tokens: 48,
+            stop_ids: tok.stop_ids(),
+            constraint: Some(Arc::new(g.clone())),
+            ..Default::default()
+        })
+        .collect();
+    let outs = generate(&model, Some(&tok), &reqs, &GenOptions::default()).unwrap();
+    let mut whole = 0;
+    for (o, r) in outs.iter().zip(&reqs) {
+        // A random model never closes its thought by itself: the budget forces it.
+        let i = o.text.find(THINK_END).expect("</think> is forced");
+        let answer = &o.text[i + THINK_END.len()..];
+        assert!(g.prefix_ok(answer), "{answer:?}");
+        if o.finish == FinishReason::Stop {
+            assert!(g.complete(answer), "stopped before a whole answer: {answer:?}");
+            whole += 1;
+        }
+        // Log-probabilities are the unconstrained model's (what a teacher-forced pass recomputes).
+        let mut all = r.prompt.clone();
+        all.extend(&o.ids);
+        let (lps, _) = model.score(&all).unwrap();
+        for (k, lp) in o.logprobs.iter().enumerate() {
+            let want = lps[r.prompt.len() + k - 1];
+            assert!((want - lp).abs() < 1e-3, "token {k}: {lp} vs {want}");
+        }
+    }
+    assert!(whole >= 3, "only {whole} of 6 answers were completed");
+    // Constrained decoding is reproducible and independent of the batch.
+    let one = generate(&model, Some(&tok), &reqs[2..3], &GenOptions::default()).unwrap();
+    assert_eq!(one[0], outs[2]);
+}

@@ -52,6 +52,10 @@ pub struct GenOutput {
     pub logprobs: Vec<f32>,
     /// Decoded text without special tokens, cut before a stop string.
     pub text: String,
+    /// Per token: whether a constraint left it as the only choice (empty without a constraint).
+    /// Such tokens carry no decision of the model; RL leaves them out of its loss.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forced: Vec<bool>,
     /// Why it ended.
     pub finish: FinishReason,
 }
@@ -79,6 +83,7 @@ struct Active {
     cached: usize,
     ids: Vec<u32>,
     logprobs: Vec<f32>,
+    forced: Vec<bool>,
 }
 
 fn validate<B: Backend>(
@@ -174,6 +179,7 @@ pub fn generate<B: Backend>(
                         r,
                         Vec::new(),
                         Vec::new(),
+                        Vec::new(),
                         FinishReason::Length,
                     )?);
                     bar.inc(1);
@@ -192,12 +198,13 @@ pub fn generate<B: Backend>(
                     },
                 )?;
                 let mut s = model.backend.sample(&logits, &[r.params], &[0])?;
-                constrain(model, tok, &pieces, &logits, &[(r, &[][..])], &mut s)?;
+                let forced = constrain(model, tok, &pieces, &logits, &[(r, &[][..])], &mut s)?;
                 let mut a = Active {
                     req: i,
                     cached: n,
                     ids: vec![s[0].id],
                     logprobs: vec![s[0].logprob],
+                    forced,
                 };
                 generated += 1;
                 match check_done(tok, r, &a.ids)? {
@@ -207,6 +214,7 @@ pub fn generate<B: Backend>(
                             r,
                             std::mem::take(&mut a.ids),
                             a.logprobs,
+                            a.forced,
                             reason,
                         )?);
                         bar.inc(1);
@@ -248,13 +256,14 @@ pub fn generate<B: Backend>(
             .iter()
             .filter_map(|&s| slots[s].as_ref().map(|a| (&reqs[a.req], &a.ids[..])))
             .collect();
-        constrain(model, tok, &pieces, &logits, &rows_done, &mut sampled)?;
+        let forced = constrain(model, tok, &pieces, &logits, &rows_done, &mut sampled)?;
         for (k, &s) in active.iter().enumerate() {
             let done = match slots[s].as_mut() {
                 Some(a) => {
                     a.cached += 1;
                     a.ids.push(sampled[k].id);
                     a.logprobs.push(sampled[k].logprob);
+                    a.forced.push(forced[k]);
                     generated += 1;
                     check_done(tok, &reqs[a.req], &a.ids)?
                 }
@@ -263,7 +272,7 @@ pub fn generate<B: Backend>(
             if let Some(reason) = done {
                 if let Some(a) = slots[s].take() {
                     let r = &reqs[a.req];
-                    outputs[a.req] = Some(finish(tok, r, a.ids, a.logprobs, reason)?);
+                    outputs[a.req] = Some(finish(tok, r, a.ids, a.logprobs, a.forced, reason)?);
                     bar.inc(1);
                 }
             }
@@ -279,7 +288,8 @@ pub fn generate<B: Backend>(
         .collect()
 }
 
-/// Re-samples the rows whose request has an active constraint, on the host, from masked logits.
+/// Re-samples the rows whose request has an active constraint, on the host, from masked logits;
+/// per row, whether the constraint left a single choice.
 fn constrain<B: Backend>(
     model: &Model<B>,
     tok: Option<&Tokenizer>,
@@ -287,12 +297,13 @@ fn constrain<B: Backend>(
     logits: &Tensor<B>,
     rows: &[(&GenRequest, &[u32])],
     sampled: &mut [Sampled],
-) -> Result<()> {
+) -> Result<Vec<bool>> {
+    let mut forced = vec![false; rows.len()];
     let (Some(tok), false) = (tok, pieces.is_empty()) else {
-        return Ok(());
+        return Ok(forced);
     };
     if rows.iter().all(|(r, _)| r.constraint.is_none()) {
-        return Ok(());
+        return Ok(forced);
     }
     let host = model.backend.to_host_f32(logits)?;
     let vocab = host.len() / rows.len().max(1);
@@ -306,9 +317,11 @@ fn constrain<B: Backend>(
         let row = &host[k * vocab..(k + 1) * vocab];
         if let Some(s) = sample_masked(row, &allowed, &r.stop_ids, &r.params, ids.len() as u64) {
             sampled[k] = s;
+            let stops = if allowed.stop { r.stop_ids.len() } else { 0 };
+            forced[k] = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1;
         }
     }
-    Ok(())
+    Ok(forced)
 }
 
 fn check_done(
@@ -342,6 +355,7 @@ fn finish(
     r: &GenRequest,
     ids: Vec<u32>,
     logprobs: Vec<f32>,
+    forced: Vec<bool>,
     finish: FinishReason,
 ) -> Result<GenOutput> {
     let mut text = match tok {
@@ -363,6 +377,11 @@ fn finish(
         ids,
         logprobs,
         text,
+        forced: if r.constraint.is_some() {
+            forced
+        } else {
+            Vec::new()
+        },
         finish,
     })
 }

@@ -660,6 +660,14 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             cfg.model.base.clone()
         }, s.instances.0, s.instances.1, cfg.stage2.algorithm, cfg.stage2.steps
     ));
+    md.push_str(&format!(
+        "Decoding: {}.\n\n",
+        if cfg.eval.constrain {
+            "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); the chain of thought is free"
+        } else {
+            "free (answers not constrained)"
+        }
+    ));
     md.push_str("## Held-out results (Agentless pipeline, end to end)\n\n| stage | file hit % | function hit % | line hit % | edit hit % | %Applied | %Resolved |\n|---|---|---|---|---|---|---|\n");
     for r in &s.stages {
         let h = |k: &str| r.pipeline.hit_rate.get(k).copied().unwrap_or(0.0);
@@ -687,6 +695,23 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             r.mean_reward
         ));
     }
+    if s.stages.iter().any(|r| !r.free_subtask_reward.is_empty()) {
+        md.push_str("\nThe same with free decoding (answers not constrained to what the prompt showed):\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n");
+        for r in &s.stages {
+            let g = |k: &str| r.free_subtask_reward.get(k).copied().unwrap_or(0.0);
+            let mean = r.free_subtask_reward.values().sum::<f64>()
+                / r.free_subtask_reward.len().max(1) as f64;
+            md.push_str(&format!(
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
+                r.stage,
+                g("file"),
+                g("function"),
+                g("line"),
+                g("edit"),
+                mean
+            ));
+        }
+    }
     md.push_str("\nWhy held-out answers scored zero (counts over all subtasks):\n\n");
     for r in &s.stages {
         let z: Vec<String> = r
@@ -694,13 +719,23 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             .iter()
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
+        let free: Vec<String> = r
+            .free_zero_reasons
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
         md.push_str(&format!(
-            "- {}: {}\n",
+            "- {}: {}{}\n",
             r.stage,
             if z.is_empty() {
                 "none".to_string()
             } else {
                 z.join(", ")
+            },
+            if free.is_empty() {
+                String::new()
+            } else {
+                format!(" (free decoding: {})", free.join(", "))
             }
         ));
     }

@@ -424,8 +424,9 @@ impl<B: Backend> RlTrainer<B> {
                 .push(r.reward);
             let mut ids = prompt.clone();
             ids.extend(&o.ids);
+            // Tokens a constraint forced carry no decision: they stay out of the loss.
             let mut mask = vec![0u8; prompt.len()];
-            mask.extend(std::iter::repeat_n(1u8, o.ids.len()));
+            mask.extend((0..o.ids.len()).map(|t| u8::from(!o.forced.get(t).copied().unwrap_or(false))));
             rolls.push(Rollout {
                 group: gi,
                 seq: Sequence {
@@ -462,7 +463,7 @@ impl<B: Backend> RlTrainer<B> {
         let skip_uniform =
             cfg.skip_uniform_groups && cfg.algorithm != Algorithm::Ppo && cfg.entropy_coef == 0.0;
         let live: Vec<usize> = (0..rolls.len())
-            .filter(|&i| !rolls[i].response.is_empty())
+            .filter(|&i| !rolls[i].response.is_empty() && rolls[i].seq.mask.contains(&1))
             .filter(|&i| !(skip_uniform && uniform(rolls[i].group)))
             .collect();
         m.trained_sequences = live.len();

@@ -1,11 +1,13 @@
-//! Answer grammars of the localization subtasks, for constrained decoding: the chain of thought
-//! is free, the final answer after `</think>` may only name what the prompt showed (tree paths,
-//! skeleton definitions, shown line numbers) in the answer format the prompt asks for. When the
-//! budget runs low inside the chain of thought, `</think>` is forced so an answer always fits.
+//! Answer grammars of the subtasks, for constrained decoding: the chain of thought is free, the
+//! final answer after `</think>` may only name what the prompt showed (tree paths, skeleton
+//! definitions, shown line numbers; SEARCH lines of shown windows, see
+//! [`crate::swe::edit_grammar`]) in the answer format the prompt asks for. When the budget runs
+//! low inside the chain of thought, `</think>` is forced so an answer always fits.
 
 use std::collections::BTreeSet;
 
 use crate::model::constraint::{Allowed, TokenConstraint};
+use crate::swe::edit_grammar::EditGrammar;
 use crate::swe::subtask::{Subtask, SubtaskRecord};
 
 /// End of the chain of thought.
@@ -41,12 +43,17 @@ fn ident_prefix(s: &str) -> bool {
         .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && (c.is_ascii_digit() || c == '.')))
 }
 
-/// Tokens kept for the answer out of a budget of `max_new_tokens`.
-pub fn reserve_for(max_new_tokens: usize) -> usize {
-    (max_new_tokens / 2).min(40)
+/// Tokens kept for a subtask's answer out of a budget of `max_new_tokens`.
+pub fn reserve_for(subtask: Subtask, max_new_tokens: usize) -> usize {
+    if subtask == Subtask::Edit {
+        (max_new_tokens * 2 / 3).min(96)
+    } else {
+        (max_new_tokens / 2).min(40)
+    }
 }
 
-/// The constraint of a record's answer (`None` for edits, or with `on` false).
+/// The constraint of a record's answer (`None` with `on` false, or when the prompt showed nothing
+/// to name).
 pub fn constraint_for(
     rec: &SubtaskRecord,
     max_new_tokens: usize,
@@ -55,7 +62,12 @@ pub fn constraint_for(
     if !on {
         return None;
     }
-    AnswerGrammar::for_record(rec, reserve_for(max_new_tokens))
+    let reserve = reserve_for(rec.subtask, max_new_tokens);
+    if rec.subtask == Subtask::Edit {
+        return EditGrammar::new(&rec.shown.windows, reserve)
+            .map(|g| std::sync::Arc::new(g) as std::sync::Arc<dyn TokenConstraint>);
+    }
+    AnswerGrammar::for_record(rec, reserve)
         .map(|g| std::sync::Arc::new(g) as std::sync::Arc<dyn TokenConstraint>)
 }
 
@@ -184,72 +196,101 @@ impl AnswerGrammar {
         self.check(answer, false)
     }
 
-    /// Whether `text` has not closed the chain of thought, or its answer can still be completed.
-    fn answer_after_ok(&self, text: &str) -> bool {
-        text.find(THINK_END)
-            .is_none_or(|i| self.prefix_ok(&text[i + THINK_END.len()..]))
-    }
-
     /// Whether `answer` (after `</think>`) is a whole answer.
     pub fn complete(&self, answer: &str) -> bool {
         self.check(answer, true)
     }
 }
 
+impl AnswerGrammar {
+    /// The mask inside the answer: pieces that keep it completable; stop once it is whole.
+    pub fn allowed_in_answer(&self, answer: &str, pieces: &[Option<String>]) -> Allowed {
+        let complete = self.complete(answer);
+        Allowed {
+            pieces: pieces
+                .iter()
+                .map(|p| {
+                    p.as_deref()
+                        .is_some_and(|p| !complete && self.prefix_ok(&format!("{answer}{p}")))
+                })
+                .collect(),
+            stop: complete,
+        }
+    }
+}
+
 impl TokenConstraint for AnswerGrammar {
     fn allowed(&self, text: &str, remaining: usize, pieces: &[Option<String>]) -> Option<Allowed> {
-        if let Some(i) = text.find(THINK_END) {
-            // Inside the answer: only pieces that keep it completable; stop once it is whole.
-            // Only the tail after the last newline needs checking per piece.
-            let answer = &text[i + THINK_END.len()..];
-            let complete = self.complete(answer);
-            let allowed = pieces
+        Some(think_then_answer(
+            text,
+            remaining,
+            self.reserve,
+            pieces,
+            &|a| self.prefix_ok(a),
+            &|a| self.allowed_in_answer(a, pieces),
+        ))
+    }
+}
+
+impl TokenConstraint for EditGrammar {
+    fn allowed(&self, text: &str, remaining: usize, pieces: &[Option<String>]) -> Option<Allowed> {
+        Some(think_then_answer(
+            text,
+            remaining,
+            self.reserve,
+            pieces,
+            &|a| self.prefix_ok(a),
+            &|a| self.allowed_in_answer(a, remaining, pieces),
+        ))
+    }
+}
+
+/// The shared shape of every answer grammar: a free chain of thought that may not stop, `</think>`
+/// forced once only `reserve` tokens are left, then the answer's own mask.
+fn think_then_answer(
+    text: &str,
+    remaining: usize,
+    reserve: usize,
+    pieces: &[Option<String>],
+    prefix_ok: &dyn Fn(&str) -> bool,
+    in_answer: &dyn Fn(&str) -> Allowed,
+) -> Allowed {
+    if let Some(i) = text.find(THINK_END) {
+        return in_answer(&text[i + THINK_END.len()..]);
+    }
+    // Pieces that close the thought must leave a completable answer behind.
+    let after_ok = |t: &str| {
+        t.find(THINK_END)
+            .is_none_or(|i| prefix_ok(&t[i + THINK_END.len()..]))
+    };
+    if remaining > reserve {
+        return Allowed {
+            pieces: pieces
                 .iter()
                 .map(|p| {
-                    p.as_deref().is_some_and(|p| {
-                        !complete && self.prefix_ok(&format!("{answer}{p}"))
-                    })
+                    p.as_deref()
+                        .is_some_and(|p| !p.contains('>') || after_ok(&format!("{text}{p}")))
                 })
-                .collect();
-            return Some(Allowed {
-                pieces: allowed,
-                stop: complete,
-            });
-        }
-        if remaining > self.reserve {
-            // Free chain of thought, but no stopping before an answer.
-            let allowed = pieces
-                .iter()
-                .map(|p| {
-                    p.as_deref().is_some_and(|p| {
-                        !p.contains('>') || self.answer_after_ok(&format!("{text}{p}"))
-                    })
-                })
-                .collect();
-            return Some(Allowed {
-                pieces: allowed,
-                stop: false,
-            });
-        }
-        // Budget forcing: only pieces that continue `</think>` (possibly into the answer).
-        let k = (1..THINK_END.len())
-            .rev()
-            .find(|&k| text.ends_with(&THINK_END[..k]))
-            .unwrap_or(0);
-        let need = &THINK_END[k..];
-        let allowed = pieces
+                .collect(),
+            stop: false,
+        };
+    }
+    // Budget forcing: only pieces that continue `</think>` (possibly into the answer).
+    let k = (1..THINK_END.len())
+        .rev()
+        .find(|&k| text.ends_with(&THINK_END[..k]))
+        .unwrap_or(0);
+    let need = &THINK_END[k..];
+    Allowed {
+        pieces: pieces
             .iter()
             .map(|p| {
                 p.as_deref().is_some_and(|p| {
-                    need.starts_with(p)
-                        || p.strip_prefix(need).is_some_and(|a| self.prefix_ok(a))
+                    need.starts_with(p) || p.strip_prefix(need).is_some_and(prefix_ok)
                 })
             })
-            .collect();
-        Some(Allowed {
-            pieces: allowed,
-            stop: false,
-        })
+            .collect(),
+        stop: false,
     }
 }
 

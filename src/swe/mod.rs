@@ -17,6 +17,7 @@ pub mod bm25;
 pub mod codemap;
 pub mod diff;
 pub mod edit;
+pub mod edit_grammar;
 pub mod grammar;
 pub mod instance;
 pub mod prompt;
