@@ -77,6 +77,7 @@ fn requests(tok: &Tokenizer) -> Vec<GenRequest> {
             max_new_tokens: 10 + 3 * i,
             stop_ids: tok.stop_ids(),
             stop_strings: Vec::new(),
+            constraint: None,
         })
         .collect()
 }
@@ -264,14 +265,14 @@ fn constrained_answers_follow_the_grammar_and_keep_full_logprobs() {
         blank: false,
         need_item: false,
         max_lines: 1,
-        reserve: 24,
+        reserve: 40,
     };
     let prompt = tok.encode("Which file? <think>").unwrap();
     let reqs: Vec<GenRequest> = (0..6)
         .map(|s| GenRequest {
             prompt: prompt.clone(),
             params: sampled(s),
-            max_new_tokens: 48,
+            max_new_tokens: 64,
             stop_ids: tok.stop_ids(),
             constraint: Some(Arc::new(g.clone())),
             ..Default::default()
@@ -284,8 +285,14 @@ fn constrained_answers_follow_the_grammar_and_keep_full_logprobs() {
         let i = o.text.find(THINK_END).expect("</think> is forced");
         let answer = &o.text[i + THINK_END.len()..];
         assert!(g.prefix_ok(answer), "{answer:?}");
+        assert_eq!(o.forced.len(), o.ids.len());
         if o.finish == FinishReason::Stop {
-            assert!(g.complete(answer), "stopped before a whole answer: {answer:?}");
+            assert!(
+                g.complete(answer),
+                "stopped before a whole answer: {answer:?}"
+            );
+            // Once the answer is whole, the stop token is the only choice.
+            assert_eq!(o.forced.last(), Some(&true));
             whole += 1;
         }
         // Log-probabilities are the unconstrained model's (what a teacher-forced pass recomputes).
@@ -297,7 +304,11 @@ fn constrained_answers_follow_the_grammar_and_keep_full_logprobs() {
             assert!((want - lp).abs() < 1e-3, "token {k}: {lp} vs {want}");
         }
     }
-    assert!(whole >= 3, "only {whole} of 6 answers were completed");
+    let answers: Vec<&str> = outs.iter().map(|o| o.text.as_str()).collect();
+    assert!(
+        whole >= 3,
+        "only {whole} of 6 answers were completed: {answers:?}"
+    );
     // Constrained decoding is reproducible and independent of the batch.
     let one = generate(&model, Some(&tok), &reqs[2..3], &GenOptions::default()).unwrap();
     assert_eq!(one[0], outs[2]);

@@ -317,7 +317,8 @@ fn constrain<B: Backend>(
         let row = &host[k * vocab..(k + 1) * vocab];
         if let Some(s) = sample_masked(row, &allowed, &r.stop_ids, &r.params, ids.len() as u64) {
             sampled[k] = s;
-            let stops = if allowed.stop { r.stop_ids.len() } else { 0 };
+            // Every stop token ends the response the same way: together they are one choice.
+            let stops = usize::from(allowed.stop && !r.stop_ids.is_empty());
             forced[k] = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1;
         }
     }

@@ -45,6 +45,11 @@ pub struct StageResult {
     pub subtask_reward: BTreeMap<String, f64>,
     /// Mean of those.
     pub mean_reward: f64,
+    /// Mean reward per subtask over `eval.reward_samples` responses per held-out prompt sampled at
+    /// the stage-2 temperature (empty when that is 0): the expected reward stage 2 maximises.
+    pub sampled_subtask_reward: BTreeMap<String, f64>,
+    /// Mean of those.
+    pub sampled_mean_reward: f64,
     /// Why answers scored zero (format errors, invented targets, ...), counted over all subtasks.
     pub zero_reasons: BTreeMap<String, usize>,
     /// The same subtask rewards with free decoding (`eval.constrain` off), when the run was constrained.
@@ -170,12 +175,16 @@ fn sft(
 }
 
 /// Greedy answers to ground-truth prompts, scored: mean reward per subtask.
+/// Mean reward per subtask of `model` on held-out ground-truth prompts, and why answers scored
+/// zero: greedy with `samples == 0`, else the mean over `samples` responses per prompt drawn at
+/// the stage-2 rollout temperature (each prompt's seeds fixed by the run's seed).
 fn subtask_rewards(
     model: &Model<Cpu>,
     tok: &Tokenizer,
     recs: &[SubtaskRecord],
     cfg: &ReproConfig,
     constrain: bool,
+    samples: usize,
 ) -> anyhow::Result<(BTreeMap<String, f64>, BTreeMap<String, usize>)> {
     let mut reqs = Vec::new();
     let mut which = Vec::new();
@@ -184,15 +193,27 @@ fn subtask_rewards(
         if ids.len() > cfg.eval.max_prompt_tokens {
             continue;
         }
-        reqs.push(GenRequest {
-            prompt: ids,
-            params: SamplingParams::greedy(),
-            max_new_tokens: cfg.eval.max_new_tokens,
-            stop_ids: tok.stop_ids(),
-            stop_strings: Vec::new(),
-            constraint: crate::swe::grammar::constraint_for(r, cfg.eval.max_new_tokens, constrain),
-        });
-        which.push(i);
+        let constraint = crate::swe::grammar::constraint_for(r, cfg.eval.max_new_tokens, constrain);
+        for k in 0..samples.max(1) {
+            reqs.push(GenRequest {
+                prompt: ids.clone(),
+                params: if samples == 0 {
+                    SamplingParams::greedy()
+                } else {
+                    SamplingParams {
+                        temperature: cfg.stage2.temperature,
+                        top_k: 0,
+                        top_p: 1.0,
+                        seed: random_u64(cfg.seed, 0x5a3 + i as u64, k as u64),
+                    }
+                },
+                max_new_tokens: cfg.eval.max_new_tokens,
+                stop_ids: tok.stop_ids(),
+                stop_strings: Vec::new(),
+                constraint: constraint.clone(),
+            });
+            which.push(i);
+        }
     }
     let outs = generate(
         model,
@@ -205,7 +226,7 @@ fn subtask_rewards(
     )?;
     let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     for r in recs {
-        sums.entry(r.subtask.name().into()).or_default().1 += 1;
+        sums.entry(r.subtask.name().into()).or_default().1 += samples.max(1);
     }
     let mut zeros: BTreeMap<String, usize> = BTreeMap::new();
     for (o, &i) in outs.iter().zip(&which) {
@@ -501,10 +522,21 @@ pub fn run_repro(
         let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
         status.detail(format!("evaluation: {name}: subtask rewards"));
         let (subtask_reward, zero_reasons) =
-            subtask_rewards(&model, &tok, &held_records, cfg, cfg.eval.constrain)?;
+            subtask_rewards(&model, &tok, &held_records, cfg, cfg.eval.constrain, 0)?;
+        let sampled_subtask_reward = if cfg.eval.reward_samples > 0 {
+            status.detail(format!("evaluation: {name}: subtask rewards, sampled"));
+            let k = cfg.eval.reward_samples;
+            subtask_rewards(&model, &tok, &held_records, cfg, cfg.eval.constrain, k)?.0
+        } else {
+            BTreeMap::new()
+        };
+        let sampled_mean_reward = sampled_subtask_reward.values().sum::<f64>()
+            / sampled_subtask_reward.len().max(1) as f64;
         let (free_subtask_reward, free_zero_reasons) = if cfg.eval.constrain {
-            status.detail(format!("evaluation: {name}: subtask rewards, free decoding"));
-            subtask_rewards(&model, &tok, &held_records, cfg, false)?
+            status.detail(format!(
+                "evaluation: {name}: subtask rewards, free decoding"
+            ));
+            subtask_rewards(&model, &tok, &held_records, cfg, false, 0)?
         } else {
             Default::default()
         };
@@ -534,6 +566,8 @@ pub fn run_repro(
             stage: name.to_string(),
             subtask_reward,
             mean_reward,
+            sampled_subtask_reward,
+            sampled_mean_reward,
             zero_reasons,
             free_subtask_reward,
             free_zero_reasons,
@@ -694,6 +728,27 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             g("edit"),
             r.mean_reward
         ));
+    }
+    if s.stages
+        .iter()
+        .any(|r| !r.sampled_subtask_reward.is_empty())
+    {
+        md.push_str(&format!(
+            "\nThe same, sampled: the mean over {} responses per prompt at temperature {} (what stage 2 maximises; less noisy than one greedy answer):\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n",
+            cfg.eval.reward_samples, cfg.stage2.temperature
+        ));
+        for r in &s.stages {
+            let g = |k: &str| r.sampled_subtask_reward.get(k).copied().unwrap_or(0.0);
+            md.push_str(&format!(
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
+                r.stage,
+                g("file"),
+                g("function"),
+                g("line"),
+                g("edit"),
+                r.sampled_mean_reward
+            ));
+        }
     }
     if s.stages.iter().any(|r| !r.free_subtask_reward.is_empty()) {
         md.push_str("\nThe same with free decoding (answers not constrained to what the prompt showed):\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n");

@@ -49,6 +49,9 @@ pub struct EvalConfig {
     /// Constrained decoding of localization answers: they may only name what the prompt showed
     /// ([`crate::swe::grammar`]); the chain of thought stays free. Off: free decoding, as Agentless.
     pub constrain: bool,
+    /// Responses sampled per held-out subtask prompt (at the RL temperature) for the sampled mean
+    /// subtask reward, the quantity stage 2 maximises; 0: greedy only.
+    pub reward_samples: usize,
 }
 
 impl Default for EvalConfig {
@@ -65,6 +68,7 @@ impl Default for EvalConfig {
             test_timeout: 60.0,
             edit_reward: EditReward::LineFbeta,
             constrain: true,
+            reward_samples: 4,
         }
     }
 }
@@ -248,9 +252,7 @@ pub fn evaluate(
             outcomes[i]
                 .rewards
                 .insert(stage.name().into(), rec.reward(ans, cfg.edit_reward).reward);
-            outcomes[i]
-                .answers
-                .insert(stage.name().into(), ans.clone());
+            outcomes[i].answers.insert(stage.name().into(), ans.clone());
             recs[i] = next_from_prediction(&instances[i], &snaps[i], &rec, ans);
         }
     }

@@ -426,7 +426,9 @@ impl<B: Backend> RlTrainer<B> {
             ids.extend(&o.ids);
             // Tokens a constraint forced carry no decision: they stay out of the loss.
             let mut mask = vec![0u8; prompt.len()];
-            mask.extend((0..o.ids.len()).map(|t| u8::from(!o.forced.get(t).copied().unwrap_or(false))));
+            mask.extend(
+                (0..o.ids.len()).map(|t| u8::from(!o.forced.get(t).copied().unwrap_or(false))),
+            );
             rolls.push(Rollout {
                 group: gi,
                 seq: Sequence {

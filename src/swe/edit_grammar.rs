@@ -74,9 +74,7 @@ impl EditGrammar {
     fn feed(&self, part: &Part, path: &mut String, line: &str) -> Option<Part> {
         Some(match part {
             Part::Start => line.is_empty().then_some(Part::Fence)?,
-            Part::Fence => {
-                self.fences().any(|f| f == line).then_some(Part::Header)?
-            }
+            Part::Fence => self.fences().any(|f| f == line).then_some(Part::Header)?,
             Part::Header => {
                 let p = line.strip_prefix("### ")?;
                 self.windows.iter().any(|(w, _)| w == p).then_some(())?;
@@ -127,12 +125,13 @@ impl EditGrammar {
             Part::Search(cands, n) => {
                 (*n > 0 && DIVIDER.starts_with(rest))
                     || cands.iter().any(|&(w, k)| {
-                        self.windows[w].1.get(k).is_some_and(|l| l.starts_with(rest))
+                        self.windows[w]
+                            .1
+                            .get(k)
+                            .is_some_and(|l| l.starts_with(rest))
                     })
             }
-            Part::Replace => {
-                REPLACE.starts_with(rest) || !marker_like(rest)
-            }
+            Part::Replace => REPLACE.starts_with(rest) || !marker_like(rest),
             Part::Close => FENCE.starts_with(rest),
         }
     }
@@ -254,11 +253,23 @@ mod tests {
     fn search_lines_must_be_shown_consecutive_lines_of_the_named_file() {
         let g = grammar();
         let head = "\n```python\n### pkg/a.py\n<<<<<<< SEARCH\n";
-        assert!(!g.prefix_ok(&format!("{head}    return y\n    y = x + 1\n")), "out of order");
-        assert!(!g.prefix_ok(&format!("{head}def f(x):\n    return y\n")), "a gap");
-        assert!(!g.prefix_ok(&format!("{head}    1\n")), "a line of another file");
+        assert!(
+            !g.prefix_ok(&format!("{head}    return y\n    y = x + 1\n")),
+            "out of order"
+        );
+        assert!(
+            !g.prefix_ok(&format!("{head}def f(x):\n    return y\n")),
+            "a gap"
+        );
+        assert!(
+            !g.prefix_ok(&format!("{head}    1\n")),
+            "a line of another file"
+        );
         assert!(!g.prefix_ok(&format!("{head}=======\n")), "an empty SEARCH");
-        assert!(!g.prefix_ok("\n```python\n### pkg/c.py\n"), "a file not shown");
+        assert!(
+            !g.prefix_ok("\n```python\n### pkg/c.py\n"),
+            "a file not shown"
+        );
         assert!(!g.prefix_ok("\n```java\n"), "a fence no shown file uses");
         assert!(!g.prefix_ok("x"), "text before the block");
         assert!(g.prefix_ok("\n```rust\n### pkg/b.rs\n<<<<<<< SEARCH\n    1\n=======\n"));
@@ -290,7 +301,10 @@ mod tests {
             vec!["\n", "\n>>>>>>>"]
         );
         let marked = format!("{open}\n>>>>>>>");
-        assert_eq!(names(&g.allowed_in_answer(&marked, 3, &pieces)), vec![" REPLACE"]);
+        assert_eq!(
+            names(&g.allowed_in_answer(&marked, 3, &pieces)),
+            vec![" REPLACE"]
+        );
         let closed = format!("{open}\n>>>>>>> REPLACE");
         assert_eq!(
             names(&g.allowed_in_answer(&closed, 2, &pieces)),

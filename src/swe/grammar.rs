@@ -38,9 +38,9 @@ pub struct AnswerGrammar {
 }
 
 fn ident_prefix(s: &str) -> bool {
-    s.chars()
-        .enumerate()
-        .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && (c.is_ascii_digit() || c == '.')))
+    s.chars().enumerate().all(|(i, c)| {
+        c == '_' || c.is_ascii_alphabetic() || (i > 0 && (c.is_ascii_digit() || c == '.'))
+    })
 }
 
 /// Tokens kept for a subtask's answer out of a budget of `max_new_tokens`.
@@ -142,13 +142,11 @@ impl AnswerGrammar {
         if part.is_empty() || (may_head && starts(&self.paths)) {
             return true;
         }
-        in_group && starts(&self.lines)
-            || in_group && self.named.iter().any(|k| {
-                k.starts_with(part)
-                    || part
-                        .strip_prefix(k.as_str())
-                        .is_some_and(ident_prefix)
-            })
+        in_group
+            && (starts(&self.lines)
+                || self.named.iter().any(|k| {
+                    k.starts_with(part) || part.strip_prefix(k.as_str()).is_some_and(ident_prefix)
+                }))
     }
 
     /// Whether `answer` (the text after `</think>`) can still be completed; with `complete`, whether
@@ -203,9 +201,32 @@ impl AnswerGrammar {
 }
 
 impl AnswerGrammar {
-    /// The mask inside the answer: pieces that keep it completable; stop once it is whole.
-    pub fn allowed_in_answer(&self, answer: &str, pieces: &[Option<String>]) -> Allowed {
+    /// The mask inside the answer: pieces that keep it completable; stop once it is whole; with
+    /// `remaining` tokens only enough for the closing fence, only that fence.
+    pub fn allowed_in_answer(
+        &self,
+        answer: &str,
+        remaining: usize,
+        pieces: &[Option<String>],
+    ) -> Allowed {
         let complete = self.complete(answer);
+        // Budget forcing: when the answer could end here and only the closing fence (plus the
+        // stop token and a small margin) still fits, only pieces of that fence may come.
+        let close = ["", "`", "``", CLOSE, "\n```"]
+            .into_iter()
+            .find(|c| self.complete(&format!("{answer}{c}")));
+        if let Some(c) = close.filter(|c| !c.is_empty() && remaining <= c.len() + 2) {
+            return Allowed {
+                pieces: pieces
+                    .iter()
+                    .map(|p| {
+                        p.as_deref()
+                            .is_some_and(|p| !p.is_empty() && c.starts_with(p))
+                    })
+                    .collect(),
+                stop: false,
+            };
+        }
         Allowed {
             pieces: pieces
                 .iter()
@@ -227,7 +248,7 @@ impl TokenConstraint for AnswerGrammar {
             self.reserve,
             pieces,
             &|a| self.prefix_ok(a),
-            &|a| self.allowed_in_answer(a, pieces),
+            &|a| self.allowed_in_answer(a, remaining, pieces),
         ))
     }
 }
@@ -316,7 +337,14 @@ mod tests {
     #[test]
     fn answer_prefixes_follow_the_shown_paths() {
         let g = file_grammar();
-        for ok in ["", "\n`", "\n```\n", "\n```\npkg/a", "\n```\npkg/a.py\n", "\n```\npkg/a.py\n``"] {
+        for ok in [
+            "",
+            "\n`",
+            "\n```\n",
+            "\n```\npkg/a",
+            "\n```\npkg/a.py\n",
+            "\n```\npkg/a.py\n``",
+        ] {
             assert!(g.prefix_ok(ok), "{ok:?}");
         }
         for bad in [
@@ -350,14 +378,32 @@ mod tests {
         assert!(g.prefix_ok("\n```\na.py\nfunc"));
         assert!(!g.prefix_ok("\n```\na.py\nfunction: 9x"));
         assert!(!g.prefix_ok("\n```\na.py\nline: 4\n"));
-        assert!(!g.complete("\n```\n\n```"), "an answer needs a non-blank line");
-        assert!(!g.prefix_ok("\n```\nline: 3\n"), "items need a path above them");
-        assert!(!g.prefix_ok("\n```\nfunction: f"), "items need a path above them");
-        assert!(!g.prefix_ok("\n```\na.py\n\nline: 3\n"), "a blank line ends the group");
-        assert!(!g.prefix_ok("\n```\na.py\nline: 3\n\na.py\n"), "no repeated lines");
+        assert!(
+            !g.complete("\n```\n\n```"),
+            "an answer needs a non-blank line"
+        );
+        assert!(
+            !g.prefix_ok("\n```\nline: 3\n"),
+            "items need a path above them"
+        );
+        assert!(
+            !g.prefix_ok("\n```\nfunction: f"),
+            "items need a path above them"
+        );
+        assert!(
+            !g.prefix_ok("\n```\na.py\n\nline: 3\n"),
+            "a blank line ends the group"
+        );
+        assert!(
+            !g.prefix_ok("\n```\na.py\nline: 3\n\na.py\n"),
+            "no repeated lines"
+        );
         assert!(!g.complete("\n```\na.py\n```"), "a group needs an item");
         assert!(!g.prefix_ok("\n```\na.py\n\n"), "a group needs an item");
-        assert!(!g.prefix_ok("\n```\na.py\nline: 3\nline: 3\n"), "no repeated lines");
+        assert!(
+            !g.prefix_ok("\n```\na.py\nline: 3\nline: 3\n"),
+            "no repeated lines"
+        );
         assert!(!g.prefix_ok("\n```\na.py\n\n\n"), "no doubled blank lines");
     }
 
@@ -368,7 +414,9 @@ mod tests {
     #[test]
     fn the_mask_frees_thinking_forces_the_close_and_stops_only_when_whole() {
         let g = file_grammar();
-        let p = pieces(&["</", "think", ">", "\n```\n", "pkg/", "a.py", "\n", "```", "zzz"]);
+        let p = pieces(&[
+            "</", "think", ">", "\n```\n", "pkg/", "a.py", "\n", "```", "zzz",
+        ]);
         let free = g.allowed("<think>so", 50, &p).expect("always constrained");
         assert!(free.pieces.iter().all(|&b| b) && !free.stop);
         let forced = g.allowed("<think>so", 3, &p).expect("forced");
@@ -380,13 +428,31 @@ mod tests {
                 .collect()
         };
         assert_eq!(names(&forced), vec!["</"]);
-        assert_eq!(names(&g.allowed("<think>so</", 2, &p).expect("forced")), vec!["think"]);
-        let ans = g.allowed("<think>so</think>\n```\n", 9, &p).expect("answer");
+        assert_eq!(
+            names(&g.allowed("<think>so</", 2, &p).expect("forced")),
+            vec!["think"]
+        );
+        let ans = g
+            .allowed("<think>so</think>\n```\n", 9, &p)
+            .expect("answer");
         assert_eq!(names(&ans), vec!["pkg/"]);
-        let after = g.allowed("<think>so</think>\n```\npkg/a.py\n", 9, &p).expect("answer");
+        let after = g
+            .allowed("<think>so</think>\n```\npkg/a.py\n", 9, &p)
+            .expect("answer");
         assert_eq!(names(&after), vec!["pkg/", "```"]);
         assert!(!after.stop);
-        let done = g.allowed("<think>so</think>\n```\npkg/a.py\n```", 9, &p).expect("answer");
+        let done = g
+            .allowed("<think>so</think>\n```\npkg/a.py\n```", 9, &p)
+            .expect("answer");
         assert!(done.stop && done.pieces.iter().all(|&b| !b));
+        // Little budget left: an answer that could end now may only close.
+        let short = g
+            .allowed("<think>so</think>\n```\npkg/a.py\n", 5, &p)
+            .expect("answer");
+        assert_eq!(names(&short), vec!["```"]);
+        let short = g
+            .allowed("<think>so</think>\n```\npkg/a.py", 6, &p)
+            .expect("answer");
+        assert_eq!(names(&short), vec!["\n"]);
     }
 }
