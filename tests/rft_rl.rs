@@ -178,3 +178,57 @@ fn an_rl_run_stopped_and_resumed_reaches_the_same_weights_as_an_uninterrupted_on
     assert!(wa == weights(&b.final_dir.unwrap()), "resumed run diverged");
     assert!(wa != weights(mdir.path()), "the policy did not move");
 }
+
+#[test]
+fn renamed_prompts_rename_everything_and_keep_their_rewards() {
+    use sorft::pipeline::augment::{package_of, rename_item, renamed_items};
+    use sorft::swe::subtask::Subtask;
+    let dir = tempfile::tempdir().unwrap();
+    let items = items(dir.path());
+    let word = |text: &str, w: &str| {
+        regex::Regex::new(&format!(r"\b{w}\b"))
+            .unwrap()
+            .is_match(text)
+    };
+    let mut files = 0;
+    for it in &items {
+        let old = package_of(&it.record.repo).to_string();
+        let r = rename_item(it, "qozv7").unwrap();
+        assert_eq!(package_of(&r.record.repo), "qozv7");
+        let all = serde_json::to_string(&r.record).unwrap() + &r.problem;
+        assert!(!word(&all, &old), "{old} survived the rename");
+        assert!(word(&r.record.prompt, "qozv7"));
+        assert_eq!(r.record.truth.lines.len(), it.record.truth.lines.len());
+        if it.record.subtask == Subtask::File {
+            let answer =
+                |files: &[String]| format!("<think>x</think>\n```\n{}\n```", files.join("\n"));
+            let before = it
+                .record
+                .reward(&answer(&it.record.truth.files), Default::default());
+            let after = r
+                .record
+                .reward(&answer(&r.record.truth.files), Default::default());
+            assert!(before.reward > 0.99, "{before:?}");
+            assert_eq!(before.reward, after.reward);
+            // The old answer names files the renamed prompt never showed.
+            let stale = r
+                .record
+                .reward(&answer(&it.record.truth.files), Default::default());
+            assert_eq!(stale.reward, 0.0);
+            files += 1;
+        }
+    }
+    assert!(files > 0);
+    let a = renamed_items(&items, 2, 9).unwrap();
+    assert_eq!(a.len(), 2 * items.len());
+    assert_ne!(
+        a[0].record.prompt, a[1].record.prompt,
+        "each copy has its own name"
+    );
+    let b = renamed_items(&items, 2, 9).unwrap();
+    assert!(a
+        .iter()
+        .zip(&b)
+        .all(|(x, y)| x.record.prompt == y.record.prompt));
+    assert_eq!(renamed_items(&items, 0, 9).unwrap().len(), items.len());
+}

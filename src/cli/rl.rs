@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use sorft::engine::Cpu;
+use sorft::pipeline::augment::renamed_items;
 use sorft::rft::rl::{Algorithm, RlConfig};
 use sorft::rft::rl_run::{load_items, run_rl, RlRun};
 use sorft::swe::instance::read_jsonl;
@@ -54,6 +55,9 @@ pub struct RlArgs {
     /// Seed of prompt choice and sampling.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Renamed copies of each prompt, each with a fresh package name (0: the originals).
+    #[arg(long, default_value_t = 0)]
+    pub prompt_renames: usize,
     /// Resume from the newest good checkpoint in --out (a fresh run when there is none).
     #[arg(long)]
     pub resume: bool,
@@ -77,10 +81,15 @@ pub fn run(a: RlArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         save_every: a.save_every,
         seed: a.seed,
+        prompt_renames: a.prompt_renames,
         ..RlConfig::default()
     };
     let instances = read_jsonl(&a.instances)?;
-    let items = load_items(&instances, &a.repos)?;
+    let items = renamed_items(
+        &load_items(&instances, &a.repos)?,
+        a.prompt_renames,
+        a.seed ^ 0xa09,
+    )?;
     if items.is_empty() {
         anyhow::bail!(
             "{}: no instance gives a subtask prompt",

@@ -6,6 +6,7 @@
 use regex::Regex;
 
 use crate::engine::rng::SplitMix;
+use crate::rft::rl::RlItem;
 
 /// A made-up package name: 4-8 random lowercase letters and a number (always a valid Python
 /// identifier, never a keyword). Letters are uniform so that no prior over names can predict
@@ -40,6 +41,51 @@ impl Renamer {
     pub fn apply(&self, text: &str, to: &str) -> String {
         self.re.replace_all(text, regex::NoExpand(to)).into_owned()
     }
+}
+
+/// `v` with the package renamed in every string and object key.
+fn rename_value(v: serde_json::Value, r: &Renamer, to: &str) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(r.apply(&s, to)),
+        Value::Array(a) => Value::Array(a.into_iter().map(|x| rename_value(x, r, to)).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, x)| (r.apply(&k, to), rename_value(x, r, to)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// A copy of a stage-2 prompt whose package is called `to` everywhere: prompt, shown views,
+/// ground truth, gold patch and issue text (line numbers do not move: a name never spans lines).
+pub fn rename_item(item: &RlItem, to: &str) -> anyhow::Result<RlItem> {
+    let Some(r) = Renamer::new(package_of(&item.record.repo)) else {
+        return Ok(item.clone());
+    };
+    let record = serde_json::from_value(rename_value(serde_json::to_value(&item.record)?, &r, to))?;
+    Ok(RlItem {
+        record,
+        problem: r.apply(&item.problem, to),
+    })
+}
+
+/// `n` renamed copies of each stage-2 prompt, fresh names drawn from `seed` (so that RL, like
+/// stage 1, cannot profit from memorising the training repositories' names); `n == 0` gives the
+/// originals.
+pub fn renamed_items(items: &[RlItem], n: usize, seed: u64) -> anyhow::Result<Vec<RlItem>> {
+    if n == 0 {
+        return Ok(items.to_vec());
+    }
+    let mut rng = SplitMix::new(seed);
+    let mut out = Vec::with_capacity(items.len() * n);
+    for item in items {
+        for _ in 0..n {
+            out.push(rename_item(item, &fresh_name(&mut rng))?);
+        }
+    }
+    Ok(out)
 }
 
 /// The package name of a repository `owner/name`: its last path part.

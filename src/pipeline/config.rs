@@ -138,6 +138,7 @@ impl Default for ReproConfig {
                 lr: 2e-4,
                 max_new_tokens: 96,
                 max_prompt_tokens: 2048,
+                prompt_renames: 2,
                 ..RlConfig::default()
             },
             eval: EvalConfig {

@@ -484,6 +484,11 @@ pub fn run_repro(
     }
     let mut rl_cfg = cfg.stage2.clone();
     rl_cfg.seed = cfg.seed;
+    let rl_items = crate::pipeline::augment::renamed_items(
+        &train_items,
+        cfg.stage2.prompt_renames,
+        random_u64(cfg.seed, 0xa09, 3),
+    )?;
     let rl = run_rl(
         &Cpu,
         &RlRun {
@@ -492,7 +497,7 @@ pub fn run_repro(
             resume,
         },
         &rl_cfg,
-        &train_items,
+        &rl_items,
         stop,
         &mut |m| {
             status.detail(format!(

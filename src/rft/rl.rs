@@ -104,6 +104,10 @@ pub struct RlConfig {
     /// Constrained decoding of localization answers in rollouts: answers may only name what the
     /// prompt showed ([`crate::swe::grammar`]); the chain of thought stays free.
     pub constrain: bool,
+    /// Renamed copies of each training prompt, each with a fresh package name
+    /// ([`crate::pipeline::augment::renamed_items`], applied by `sorft repro` and `sorft rl`
+    /// before the run); 0: the original prompts.
+    pub prompt_renames: usize,
 }
 
 impl Default for RlConfig {
@@ -136,6 +140,7 @@ impl Default for RlConfig {
             keep_last: 2,
             seed: 0,
             constrain: true,
+            prompt_renames: 0,
         }
     }
 }
@@ -470,8 +475,33 @@ impl<B: Backend> RlTrainer<B> {
             .collect();
         m.trained_sequences = live.len();
         let seqs: Vec<&Sequence> = live.iter().map(|&i| &rolls[i].seq).collect();
-        let (old, old_values) =
-            response_logprobs(policy, &seqs, cfg.minibatch, self.value_head.as_ref())?;
+        // At temperature 1 the sampler's log-probabilities are the policy's own (unconstrained,
+        // full-distribution, the same forward up to rounding): no second pass is needed for them.
+        let (old, old_values) = if self.value_head.is_none() && cfg.temperature == 1.0 {
+            let own = live
+                .iter()
+                .map(|&i| {
+                    outs[i]
+                        .logprobs
+                        .iter()
+                        .enumerate()
+                        .filter(|&(t, _)| !outs[i].forced.get(t).copied().unwrap_or(false))
+                        .map(|(_, &lp)| lp)
+                        .collect()
+                })
+                .collect::<Vec<Vec<f32>>>();
+            for (o, &i) in own.iter().zip(&live) {
+                let trained = rolls[i].seq.mask.iter().filter(|&&m| m == 1).count();
+                anyhow::ensure!(
+                    o.len() == trained,
+                    "rollout {i}: {} sampled log-probabilities for {trained} trained tokens",
+                    o.len()
+                );
+            }
+            (own, vec![Vec::new(); live.len()])
+        } else {
+            response_logprobs(policy, &seqs, cfg.minibatch, self.value_head.as_ref())?
+        };
         let (refl, _) = response_logprobs(reference, &seqs, cfg.minibatch, None)?;
         let kl_tok: Vec<Vec<f32>> = old
             .iter()
