@@ -59,7 +59,7 @@ impl Default for ModelSection {
         Self {
             preset: Preset::Small,
             base: String::new(),
-            warmup_epochs: 4,
+            warmup_epochs: 3,
             warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,
             warmup_renames: 1,
@@ -96,7 +96,7 @@ impl Default for Stage1Config {
         Self {
             samples_per_prompt: 4,
             teacher_temperature: 0.7,
-            epochs: 6,
+            epochs: 5,
             lr: 2e-3,
             batch_tokens: 2048,
             max_len: 2048,
@@ -136,7 +136,7 @@ impl Default for ReproConfig {
                 prompts_per_step: 8,
                 group_size: 4,
                 lr: 2e-4,
-                max_new_tokens: 96,
+                max_new_tokens: 128,
                 max_prompt_tokens: 2048,
                 prompt_renames: 2,
                 ..RlConfig::default()
@@ -144,6 +144,7 @@ impl Default for ReproConfig {
             eval: EvalConfig {
                 edit_samples: 2,
                 max_new_tokens: 128,
+                reward_samples: 2,
                 ..EvalConfig::default()
             },
         }
@@ -167,6 +168,7 @@ impl ReproConfig {
         c.stage2.max_new_tokens = 48;
         c.stage2.max_prompt_tokens = 1536;
         c.eval.edit_samples = 1;
+        c.eval.reward_samples = 1;
         c.eval.max_new_tokens = 64;
         c.eval.max_prompt_tokens = 1536;
         c
