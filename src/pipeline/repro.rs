@@ -244,6 +244,29 @@ fn subtask_rewards(
     Ok((means, zeros))
 }
 
+/// A markdown table of per-subtask mean rewards and their mean, one row per stage.
+fn reward_table(
+    md: &mut String,
+    stages: &[StageResult],
+    pick: impl Fn(&StageResult) -> &BTreeMap<String, f64>,
+) {
+    md.push_str("\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n");
+    for r in stages {
+        let m = pick(r);
+        let g = |k: &str| m.get(k).copied().unwrap_or(0.0);
+        let mean = m.values().sum::<f64>() / m.len().max(1) as f64;
+        md.push_str(&format!(
+            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
+            r.stage,
+            g("file"),
+            g("function"),
+            g("line"),
+            g("edit"),
+            mean
+        ));
+    }
+}
+
 /// Runs the whole reproduction into `out`. With `resume`, the phases a previous run of the same
 /// configuration finished are reused (warm-up, stage-1 SFT), unfinished SFT runs continue from
 /// their checkpoints and stage 2 from its newest checkpoint; `stop` (Ctrl-C) ends a long phase with
@@ -721,56 +744,23 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             r.pipeline.resolved_pct
         ));
     }
-    md.push_str("\n## Held-out mean subtask reward (ground-truth prompts, greedy)\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n");
-    for r in &s.stages {
-        let g = |k: &str| r.subtask_reward.get(k).copied().unwrap_or(0.0);
-        md.push_str(&format!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
-            r.stage,
-            g("file"),
-            g("function"),
-            g("line"),
-            g("edit"),
-            r.mean_reward
-        ));
-    }
+    md.push_str("\n## Held-out mean subtask reward (ground-truth prompts, greedy)\n");
+    reward_table(&mut md, &s.stages, |r| &r.subtask_reward);
     if s.stages
         .iter()
         .any(|r| !r.sampled_subtask_reward.is_empty())
     {
         md.push_str(&format!(
-            "\nThe same, sampled: the mean over {} responses per prompt at temperature {} (what stage 2 maximises; less noisy than one greedy answer):\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n",
+            "\nThe same, sampled: the mean over {} responses per prompt at temperature {} (what stage 2 maximises; less noisy than one greedy answer):\n",
             cfg.eval.reward_samples, cfg.stage2.temperature
         ));
-        for r in &s.stages {
-            let g = |k: &str| r.sampled_subtask_reward.get(k).copied().unwrap_or(0.0);
-            md.push_str(&format!(
-                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
-                r.stage,
-                g("file"),
-                g("function"),
-                g("line"),
-                g("edit"),
-                r.sampled_mean_reward
-            ));
-        }
+        reward_table(&mut md, &s.stages, |r| &r.sampled_subtask_reward);
     }
     if s.stages.iter().any(|r| !r.free_subtask_reward.is_empty()) {
-        md.push_str("\nThe same with free decoding (answers not constrained to what the prompt showed):\n\n| stage | file | function | line | edit | mean |\n|---|---|---|---|---|---|\n");
-        for r in &s.stages {
-            let g = |k: &str| r.free_subtask_reward.get(k).copied().unwrap_or(0.0);
-            let mean = r.free_subtask_reward.values().sum::<f64>()
-                / r.free_subtask_reward.len().max(1) as f64;
-            md.push_str(&format!(
-                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |\n",
-                r.stage,
-                g("file"),
-                g("function"),
-                g("line"),
-                g("edit"),
-                mean
-            ));
-        }
+        md.push_str(
+            "\nThe same with free decoding (answers not constrained to what the prompt showed):\n",
+        );
+        reward_table(&mut md, &s.stages, |r| &r.free_subtask_reward);
     }
     md.push_str("\nWhy held-out answers scored zero (counts over all subtasks):\n\n");
     for r in &s.stages {
