@@ -41,6 +41,12 @@ pub struct EvalArgs {
     /// Free decoding: do not constrain localization answers to what the prompt showed
     #[arg(long)]
     pub free: bool,
+    /// Let quotes in the chain of thought name anything (by default they must copy the prompt)
+    #[arg(long)]
+    pub no_ground: bool,
+    /// Let localization answers name targets the chain of thought did not quote
+    #[arg(long)]
+    pub no_faithful: bool,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -58,6 +64,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
         run_tests: !a.no_tests,
         seed: a.seed,
         constrain: !a.free,
+        ground: !a.no_ground,
+        faithful: !a.no_faithful,
         ..EvalConfig::default()
     };
     let mut ans = ModelAnswerer {

@@ -193,7 +193,13 @@ fn subtask_rewards(
         if ids.len() > cfg.eval.max_prompt_tokens {
             continue;
         }
-        let constraint = crate::swe::grammar::constraint_for(r, cfg.eval.max_new_tokens, constrain);
+        let constraint = crate::swe::grammar::constraint_for(
+            r,
+            cfg.eval.max_new_tokens,
+            constrain,
+            cfg.eval.ground,
+            cfg.eval.faithful,
+        );
         for k in 0..samples.max(1) {
             reqs.push(GenRequest {
                 prompt: ids.clone(),

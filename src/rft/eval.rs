@@ -49,6 +49,12 @@ pub struct EvalConfig {
     /// Constrained decoding of localization answers: they may only name what the prompt showed
     /// ([`crate::swe::grammar`]); the chain of thought stays free. Off: free decoding, as Agentless.
     pub constrain: bool,
+    /// With `constrain`: quotes in localization chains of thought must copy the prompt
+    /// ([`crate::swe::grounding`]), so names cannot be invented.
+    pub ground: bool,
+    /// With `ground`: localization answers may only name what the thought quoted (when it quoted
+    /// any shown target).
+    pub faithful: bool,
     /// Responses sampled per held-out subtask prompt (at the RL temperature) for the sampled mean
     /// subtask reward, the quantity stage 2 maximises; 0: greedy only.
     pub reward_samples: usize,
@@ -68,6 +74,8 @@ impl Default for EvalConfig {
             test_timeout: 60.0,
             edit_reward: EditReward::LineFbeta,
             constrain: true,
+            ground: true,
+            faithful: true,
             reward_samples: 4,
         }
     }
@@ -148,7 +156,7 @@ impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
                 continue;
             }
             let constraint =
-                crate::swe::grammar::constraint_for(r, cfg.max_new_tokens, cfg.constrain);
+                crate::swe::grammar::constraint_for(r, cfg.max_new_tokens, cfg.constrain, cfg.ground, cfg.faithful);
             for k in 0..n {
                 reqs.push(GenRequest {
                     prompt: ids.clone(),

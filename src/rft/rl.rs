@@ -104,6 +104,11 @@ pub struct RlConfig {
     /// Constrained decoding of localization answers in rollouts: answers may only name what the
     /// prompt showed ([`crate::swe::grammar`]); the chain of thought stays free.
     pub constrain: bool,
+    /// With `constrain`: quotes in localization chains of thought must copy the prompt
+    /// ([`crate::swe::grounding`]).
+    pub ground: bool,
+    /// With `ground`: localization answers may only name what the thought quoted.
+    pub faithful: bool,
     /// Renamed copies of each training prompt, each with a fresh package name
     /// ([`crate::pipeline::augment::renamed_items`], applied by `sorft repro` and `sorft rl`
     /// before the run); 0: the original prompts.
@@ -140,6 +145,8 @@ impl Default for RlConfig {
             keep_last: 2,
             seed: 0,
             constrain: true,
+            ground: true,
+            faithful: true,
             prompt_renames: 0,
         }
     }
@@ -376,6 +383,8 @@ impl<B: Backend> RlTrainer<B> {
                 &items[self.prompts[p].0].record,
                 cfg.max_new_tokens,
                 cfg.constrain,
+                cfg.ground,
+                cfg.faithful,
             );
             for k in 0..cfg.group_size {
                 reqs.push(GenRequest {

@@ -53,22 +53,35 @@ pub fn reserve_for(subtask: Subtask, max_new_tokens: usize) -> usize {
 }
 
 /// The constraint of a record's answer (`None` with `on` false, or when the prompt showed nothing
-/// to name).
+/// to name); with `ground`, quotes in a localization thought must copy the prompt, and with
+/// `faithful` the answer may only name what the thought quoted ([`crate::swe::grounding`]).
 pub fn constraint_for(
     rec: &SubtaskRecord,
     max_new_tokens: usize,
     on: bool,
+    ground: bool,
+    faithful: bool,
 ) -> Option<std::sync::Arc<dyn TokenConstraint>> {
     if !on {
         return None;
     }
     let reserve = reserve_for(rec.subtask, max_new_tokens);
     if rec.subtask == Subtask::Edit {
+        // Edit thoughts quote the code they are about to write, which the prompt never showed.
         return EditGrammar::new(&rec.shown.windows, reserve)
             .map(|g| std::sync::Arc::new(g) as std::sync::Arc<dyn TokenConstraint>);
     }
-    AnswerGrammar::for_record(rec, reserve)
-        .map(|g| std::sync::Arc::new(g) as std::sync::Arc<dyn TokenConstraint>)
+    let g = AnswerGrammar::for_record(rec, reserve)?;
+    if !ground {
+        return Some(std::sync::Arc::new(g));
+    }
+    Some(std::sync::Arc::new(crate::swe::grounding::GroundedThought {
+        faithful: faithful
+            .then(|| crate::swe::grounding::Faithful::of(rec, g.clone()))
+            .flatten(),
+        inner: std::sync::Arc::new(g),
+        ground: crate::swe::grounding::ground_of(rec),
+    }))
 }
 
 impl AnswerGrammar {

@@ -19,6 +19,7 @@ pub mod diff;
 pub mod edit;
 pub mod edit_grammar;
 pub mod grammar;
+pub mod grounding;
 pub mod instance;
 pub mod prompt;
 pub mod repo;

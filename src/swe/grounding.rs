@@ -1,0 +1,359 @@
+//! Grounded chains of thought: inside the thought, text between backticks (a quoted name, call or
+//! line of code) must be copied from what the prompt showed. A small model that writes "the
+//! snippet runs `from pkg import money`" otherwise invents `pkg` and `money`; under this
+//! constraint a quote can only continue the way some occurrence of it in the prompt continues, so a
+//! quoted name is either the prompt's or not written at all. Text outside quotes stays free, and
+//! the answer after `</think>` keeps its own grammar.
+//!
+//! With `faithful` answers (as in Faithful Chain-of-Thought, where the answer follows from the
+//! reasoning), a localization answer may only name the shown targets the thought quoted: a file
+//! whose module name a quote mentions, a definition a quote names, a line whose code a quote
+//! copies. A thought that quoted none of them leaves the whole answer grammar open.
+
+use std::sync::Arc;
+
+use crate::model::constraint::{Allowed, TokenConstraint};
+use crate::swe::grammar::{AnswerGrammar, THINK_END};
+use crate::swe::subtask::{Subtask, SubtaskRecord};
+
+/// Wraps an answer grammar: quotes in the thought must be substrings of `ground`.
+#[derive(Debug)]
+pub struct GroundedThought {
+    /// The answer grammar (and the thought's budget forcing).
+    pub inner: Arc<dyn TokenConstraint>,
+    /// What quotes may copy from: the prompt, plus qualified names of shown definitions.
+    pub ground: String,
+    /// With faithful answers: the localization grammar and what each answer line names.
+    pub faithful: Option<Faithful>,
+}
+
+/// How a quote names an answer line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Naming {
+    /// A quote holds this identifier (a module name, a definition's last name).
+    Word(String),
+    /// A quote copies part of this line of code.
+    Code(String),
+}
+
+/// The answer lines of a localization grammar with what names them.
+#[derive(Clone, Debug)]
+pub struct Faithful {
+    /// The full answer grammar.
+    pub grammar: AnswerGrammar,
+    /// (path, how a quote names it).
+    pub paths: Vec<(String, Naming)>,
+    /// (item line, its path, how a quote names it).
+    pub items: Vec<(String, String, Naming)>,
+}
+
+/// Identifiers of a text (runs of letters, digits and `_`).
+fn words(text: &str) -> std::collections::BTreeSet<&str> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// The quotes of a thought (closed ones and a last open one), non-empty.
+pub fn quotes(thought: &str) -> Vec<&str> {
+    thought
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|q| !q.trim().is_empty())
+        .collect()
+}
+
+impl Faithful {
+    /// Whether a quote with identifiers `ws` (or text `q`) names it.
+    fn names(how: &Naming, qs: &[&str], ws: &std::collections::BTreeSet<&str>) -> bool {
+        match how {
+            Naming::Word(w) => ws.contains(w.as_str()),
+            Naming::Code(c) => qs.iter().any(|q| {
+                let q = q.trim();
+                q.len() >= 3 && c.contains(q)
+            }),
+        }
+    }
+
+    /// The grammar narrowed to what the quotes `qs` name (the full one when they name nothing).
+    pub fn narrow(&self, qs: &[&str]) -> AnswerGrammar {
+        let ws: std::collections::BTreeSet<&str> = qs.iter().flat_map(|q| words(q)).collect();
+        let items: Vec<&(String, String, Naming)> = self
+            .items
+            .iter()
+            .filter(|(_, _, how)| Self::names(how, qs, &ws))
+            .collect();
+        let mut paths: std::collections::BTreeSet<String> = self
+            .paths
+            .iter()
+            .filter(|(p, how)| Self::names(how, qs, &ws) || qs.iter().any(|q| q.contains(p.as_str())))
+            .map(|(p, _)| p.clone())
+            .collect();
+        paths.extend(items.iter().map(|(_, p, _)| p.clone()));
+        let mut g = self.grammar.clone();
+        if !items.is_empty() {
+            g.lines = items.iter().map(|(l, _, _)| l.clone()).collect();
+        }
+        if !paths.is_empty() {
+            g.paths = paths;
+        }
+        g
+    }
+
+    /// The answer lines of a localization record and what names them (`None` for edits).
+    pub fn of(rec: &SubtaskRecord, grammar: AnswerGrammar) -> Option<Self> {
+        let stem = |p: &str| {
+            let name = p.rsplit('/').next().unwrap_or(p);
+            Naming::Word(name.split('.').next().unwrap_or(name).to_string())
+        };
+        let mut items = Vec::new();
+        match rec.subtask {
+            Subtask::Edit => return None,
+            Subtask::File => {}
+            Subtask::Function => {
+                for f in &rec.shown.functions {
+                    let last = f.name.rsplit('.').next().unwrap_or(&f.name);
+                    items.push((
+                        format!("{}: {}", f.kind.word(), f.name),
+                        f.path.clone(),
+                        Naming::Word(last.to_string()),
+                    ));
+                }
+            }
+            Subtask::Line => {
+                for w in &rec.shown.windows {
+                    for (k, line) in w.text.lines().enumerate() {
+                        if !line.trim().is_empty() {
+                            items.push((
+                                format!("line: {}", w.start_line + k),
+                                w.path.clone(),
+                                Naming::Code(line.to_string()),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        let paths = grammar.paths.iter().map(|p| (p.clone(), stem(p))).collect();
+        Some(Self {
+            grammar,
+            paths,
+            items,
+        })
+    }
+}
+
+/// Where the thought stands: outside any quote, or inside one with this much quoted text.
+enum Quote<'a> {
+    Outside,
+    Inside(&'a str),
+}
+
+/// The quote state at the end of `thought` (text before `</think>`).
+fn quote_state(thought: &str) -> Quote<'_> {
+    match thought.rfind('`') {
+        Some(i) if thought.matches('`').count() % 2 == 1 => Quote::Inside(&thought[i + 1..]),
+        _ => Quote::Outside,
+    }
+}
+
+impl GroundedThought {
+    /// Whether `piece` may follow a thought whose open quote is `quoted` (`None`: outside quotes),
+    /// given the continuations `next` of every occurrence of a non-empty `quoted` in the ground;
+    /// with `ends`, the thought ends right after the piece and must not end inside a quote.
+    fn piece_ok(&self, quoted: Option<&str>, next: &[&str], piece: &str, ends: bool) -> bool {
+        let mut rest = piece;
+        let mut inside = quoted;
+        let mut first = true;
+        loop {
+            let Some(q) = inside else {
+                match rest.find('`') {
+                    Some(j) => {
+                        rest = &rest[j + 1..];
+                        inside = Some("");
+                        first = false;
+                        continue;
+                    }
+                    None => return true,
+                }
+            };
+            if ends && !rest.contains('`') {
+                return false;
+            }
+            let (part, closes) = match rest.find('`') {
+                Some(j) => (&rest[..j], true),
+                None => (rest, false),
+            };
+            let ok = if first && !q.is_empty() {
+                next.iter().any(|n| n.starts_with(part))
+            } else {
+                self.ground.contains(part)
+            };
+            // A quote closes only around something.
+            if !ok || (closes && q.is_empty() && part.is_empty()) {
+                return false;
+            }
+            if !closes {
+                return true;
+            }
+            rest = &rest[part.len() + 1..];
+            inside = None;
+            first = false;
+        }
+    }
+
+    /// The mask the grounding allows after `thought` (text with no `</think>` yet): the part of
+    /// each piece before a `</think>` it completes must keep every quote a copy.
+    fn mask(&self, thought: &str, pieces: &[Option<String>]) -> Vec<bool> {
+        let quoted = match quote_state(thought) {
+            Quote::Inside(q) => Some(q),
+            Quote::Outside => None,
+        };
+        let next: Vec<&str> = match quoted {
+            Some(q) if !q.is_empty() => self
+                .ground
+                .match_indices(q)
+                .map(|(i, _)| &self.ground[i + q.len()..])
+                .collect(),
+            _ => Vec::new(),
+        };
+        // Where a `</think>` would start that began in the thought's tail.
+        let tail = (1..THINK_END.len())
+            .rev()
+            .find(|&k| thought.ends_with(&THINK_END[..k]))
+            .unwrap_or(0);
+        pieces
+            .iter()
+            .map(|p| {
+                p.as_deref().is_some_and(|p| {
+                    let (own, ends) = if tail > 0 && p.starts_with(&THINK_END[tail..]) {
+                        ("", true)
+                    } else {
+                        p.find(THINK_END).map_or((p, false), |i| (&p[..i], true))
+                    };
+                    self.piece_ok(quoted, &next, own, ends)
+                })
+            })
+            .collect()
+    }
+}
+
+impl TokenConstraint for GroundedThought {
+    fn allowed(&self, text: &str, remaining: usize, pieces: &[Option<String>]) -> Option<Allowed> {
+        if let Some(i) = text.find(THINK_END) {
+            return match &self.faithful {
+                Some(f) => f.narrow(&quotes(&text[..i])).allowed(text, remaining, pieces),
+                None => self.inner.allowed(text, remaining, pieces),
+            };
+        }
+        let inner = self.inner.allowed(text, remaining, pieces)?;
+        let ground = self.mask(text, pieces);
+        let both: Vec<bool> = inner.pieces.iter().zip(&ground).map(|(a, b)| *a && *b).collect();
+        // Never leave nothing to sample (budget forcing of `</think>` inside a quote): then the
+        // answer grammar alone decides.
+        if !inner.stop && !both.iter().any(|&b| b) {
+            return Some(inner);
+        }
+        Some(Allowed {
+            pieces: both,
+            stop: inner.stop,
+        })
+    }
+}
+
+/// What a record's thought may quote: its prompt and the qualified names of the definitions it
+/// showed (`Money._check`), one per line.
+pub fn ground_of(rec: &SubtaskRecord) -> String {
+    let mut g = rec.prompt.clone();
+    for f in &rec.shown.functions {
+        g.push('\n');
+        g.push_str(&f.name);
+    }
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allows everything, never stops.
+    #[derive(Debug)]
+    struct Free;
+    impl TokenConstraint for Free {
+        fn allowed(&self, _: &str, _: usize, pieces: &[Option<String>]) -> Option<Allowed> {
+            Some(Allowed {
+                pieces: vec![true; pieces.len()],
+                stop: false,
+            })
+        }
+    }
+
+    fn pieces(v: &[&str]) -> Vec<Option<String>> {
+        v.iter().map(|s| Some(s.to_string())).collect()
+    }
+
+    fn allowed(g: &GroundedThought, text: &str, v: &[&str]) -> Vec<String> {
+        let p = pieces(v);
+        let a = g.allowed(text, 100, &p).expect("a mask");
+        v.iter()
+            .zip(a.pieces)
+            .filter(|(_, ok)| *ok)
+            .map(|(s, _)| s.to_string())
+            .collect()
+    }
+
+    fn grounded() -> GroundedThought {
+        GroundedThought {
+            inner: Arc::new(Free),
+            ground: "from qzx41 import money\nprint(money.Money(1))\nmoney.py".into(),
+            faithful: None,
+        }
+    }
+
+    #[test]
+    fn quotes_continue_only_the_way_the_prompt_does() {
+        let g = grounded();
+        let v = [
+            "qzx", "41", "q", "zz", " import", "`", "`,", "money", "cash", "from", "x`", ">",
+        ];
+        // Outside a quote everything is free but a piece opening a quote with no copy in it.
+        assert_eq!(
+            allowed(&g, "<think>The snippet runs ", &v),
+            ["qzx", "41", "q", "zz", " import", "`", "money", "cash", "from", "x`", ">"]
+        );
+        // Inside: a fresh quote takes any substring of the prompt; an empty quote cannot close.
+        assert_eq!(
+            allowed(&g, "<think>runs `", &v),
+            ["qzx", "41", "q", " import", "money", "from", "x`"]
+        );
+        // Then only the continuations of an occurrence, or the closing backtick.
+        assert_eq!(allowed(&g, "<think>runs `from ", &v), ["qzx", "q", "`", "`,"]);
+        assert_eq!(allowed(&g, "<think>runs `from qzx", &v), ["41", "`", "`,"]);
+        assert_eq!(
+            allowed(&g, "<think>runs `from qzx41 import money", &v),
+            ["`", "`,"]
+        );
+        // `money` occurs three times; none continues with a piece here.
+        assert_eq!(allowed(&g, "<think>see `money", &v), ["`", "`,"]);
+        // A closed quote leaves the thought free again.
+        assert_eq!(allowed(&g, "<think>see `money` and ", &v).len(), v.len() - 1);
+        // The thought may end outside a quote, not inside one.
+        assert_eq!(allowed(&g, "<think>see `money` </think", &[">"]), [">"]);
+        assert!(allowed(&g, "<think>see `mon", &["</think>", "ey`</think>"]) == ["ey`</think>"]);
+    }
+
+    #[test]
+    fn a_piece_that_opens_a_quote_must_start_a_substring() {
+        let g = grounded();
+        let v = ["`money", "`cash", " `from", "` ", "``"];
+        assert_eq!(allowed(&g, "<think>It runs", &v), ["`money", " `from", "` "]);
+    }
+
+    #[test]
+    fn the_answer_after_the_thought_is_left_to_the_inner_grammar() {
+        let g = grounded();
+        let v = ["cash", "`", "`cash"];
+        assert_eq!(allowed(&g, "<think>a `b</think>\n```\n", &v).len(), 3);
+    }
+}
