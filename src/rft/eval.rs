@@ -155,8 +155,13 @@ impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
             if !ok {
                 continue;
             }
-            let constraint =
-                crate::swe::grammar::constraint_for(r, cfg.max_new_tokens, cfg.constrain, cfg.ground, cfg.faithful);
+            let constraint = crate::swe::grammar::constraint_for(
+                r,
+                cfg.max_new_tokens,
+                cfg.constrain,
+                cfg.ground,
+                cfg.faithful,
+            );
             for k in 0..n {
                 reqs.push(GenRequest {
                     prompt: ids.clone(),

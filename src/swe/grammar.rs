@@ -75,13 +75,15 @@ pub fn constraint_for(
     if !ground {
         return Some(std::sync::Arc::new(g));
     }
-    Some(std::sync::Arc::new(crate::swe::grounding::GroundedThought {
-        faithful: faithful
-            .then(|| crate::swe::grounding::Faithful::of(rec, g.clone()))
-            .flatten(),
-        inner: std::sync::Arc::new(g),
-        ground: crate::swe::grounding::ground_of(rec),
-    }))
+    Some(std::sync::Arc::new(
+        crate::swe::grounding::GroundedThought {
+            faithful: faithful
+                .then(|| crate::swe::grounding::Faithful::of(rec, g.clone()))
+                .flatten(),
+            inner: std::sync::Arc::new(g),
+            ground: crate::swe::grounding::ground_of(rec),
+        },
+    ))
 }
 
 impl AnswerGrammar {

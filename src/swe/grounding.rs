@@ -87,7 +87,9 @@ impl Faithful {
         let mut paths: std::collections::BTreeSet<String> = self
             .paths
             .iter()
-            .filter(|(p, how)| Self::names(how, qs, &ws) || qs.iter().any(|q| q.contains(p.as_str())))
+            .filter(|(p, how)| {
+                Self::names(how, qs, &ws) || qs.iter().any(|q| q.contains(p.as_str()))
+            })
             .map(|(p, _)| p.clone())
             .collect();
         paths.extend(items.iter().map(|(_, p, _)| p.clone()));
@@ -243,13 +245,20 @@ impl TokenConstraint for GroundedThought {
     fn allowed(&self, text: &str, remaining: usize, pieces: &[Option<String>]) -> Option<Allowed> {
         if let Some(i) = text.find(THINK_END) {
             return match &self.faithful {
-                Some(f) => f.narrow(&quotes(&text[..i])).allowed(text, remaining, pieces),
+                Some(f) => f
+                    .narrow(&quotes(&text[..i]))
+                    .allowed(text, remaining, pieces),
                 None => self.inner.allowed(text, remaining, pieces),
             };
         }
         let inner = self.inner.allowed(text, remaining, pieces)?;
         let ground = self.mask(text, pieces);
-        let both: Vec<bool> = inner.pieces.iter().zip(&ground).map(|(a, b)| *a && *b).collect();
+        let both: Vec<bool> = inner
+            .pieces
+            .iter()
+            .zip(&ground)
+            .map(|(a, b)| *a && *b)
+            .collect();
         // Never leave nothing to sample (budget forcing of `</think>` inside a quote): then the
         // answer grammar alone decides.
         if !inner.stop && !both.iter().any(|&b| b) {
@@ -328,7 +337,10 @@ mod tests {
             ["qzx", "41", "q", " import", "money", "from", "x`"]
         );
         // Then only the continuations of an occurrence, or the closing backtick.
-        assert_eq!(allowed(&g, "<think>runs `from ", &v), ["qzx", "q", "`", "`,"]);
+        assert_eq!(
+            allowed(&g, "<think>runs `from ", &v),
+            ["qzx", "q", "`", "`,"]
+        );
         assert_eq!(allowed(&g, "<think>runs `from qzx", &v), ["41", "`", "`,"]);
         assert_eq!(
             allowed(&g, "<think>runs `from qzx41 import money", &v),
@@ -337,7 +349,10 @@ mod tests {
         // `money` occurs three times; none continues with a piece here.
         assert_eq!(allowed(&g, "<think>see `money", &v), ["`", "`,"]);
         // A closed quote leaves the thought free again.
-        assert_eq!(allowed(&g, "<think>see `money` and ", &v).len(), v.len() - 1);
+        assert_eq!(
+            allowed(&g, "<think>see `money` and ", &v).len(),
+            v.len() - 1
+        );
         // The thought may end outside a quote, not inside one.
         assert_eq!(allowed(&g, "<think>see `money` </think", &[">"]), [">"]);
         assert!(allowed(&g, "<think>see `mon", &["</think>", "ey`</think>"]) == ["ey`</think>"]);
@@ -347,7 +362,10 @@ mod tests {
     fn a_piece_that_opens_a_quote_must_start_a_substring() {
         let g = grounded();
         let v = ["`money", "`cash", " `from", "` ", "``"];
-        assert_eq!(allowed(&g, "<think>It runs", &v), ["`money", " `from", "` "]);
+        assert_eq!(
+            allowed(&g, "<think>It runs", &v),
+            ["`money", " `from", "` "]
+        );
     }
 
     #[test]
@@ -355,5 +373,101 @@ mod tests {
         let g = grounded();
         let v = ["cash", "`", "`cash"];
         assert_eq!(allowed(&g, "<think>a `b</think>\n```\n", &v).len(), 3);
+    }
+
+    fn file_faithful() -> Faithful {
+        let grammar = AnswerGrammar {
+            paths: ["pkg/cache.py", "pkg/money.py", "pkg/text.py"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            lines: Default::default(),
+            named: Vec::new(),
+            blank: false,
+            need_item: false,
+            max_lines: 5,
+            reserve: 8,
+        };
+        let paths = grammar
+            .paths
+            .iter()
+            .map(|p| {
+                let stem = p.trim_start_matches("pkg/").trim_end_matches(".py");
+                (p.clone(), Naming::Word(stem.to_string()))
+            })
+            .collect();
+        Faithful {
+            grammar,
+            paths,
+            items: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn faithful_answers_name_only_what_the_thought_quoted() {
+        let f = file_faithful();
+        let g = f.narrow(&quotes(
+            "<think>The snippet runs `from pkg import money`, so",
+        ));
+        assert_eq!(g.paths.iter().collect::<Vec<_>>(), ["pkg/money.py"]);
+        // A word inside a longer identifier does not count; a quoted path does.
+        let g = f.narrow(&["moneybag", "see pkg/text.py here"]);
+        assert_eq!(g.paths.iter().collect::<Vec<_>>(), ["pkg/text.py"]);
+        // Quotes that name nothing leave the answer open.
+        assert_eq!(f.narrow(&["print(1)"]).paths.len(), 3);
+        assert_eq!(f.narrow(&[]).paths.len(), 3);
+        // Items: a definition by its last name, a line by the code it copies.
+        let mut f = file_faithful();
+        f.grammar.need_item = true;
+        f.items = vec![
+            (
+                "function: Money.split".into(),
+                "pkg/money.py".into(),
+                Naming::Word("split".into()),
+            ),
+            (
+                "function: title".into(),
+                "pkg/text.py".into(),
+                Naming::Word("title".into()),
+            ),
+            (
+                "line: 7".into(),
+                "pkg/text.py".into(),
+                Naming::Code("    return s.title()".into()),
+            ),
+        ];
+        f.grammar.lines = f.items.iter().map(|(l, _, _)| l.clone()).collect();
+        let g = f.narrow(&["Money.split"]);
+        assert_eq!(g.paths.iter().collect::<Vec<_>>(), ["pkg/money.py"]);
+        assert_eq!(
+            g.lines.iter().collect::<Vec<_>>(),
+            ["function: Money.split"]
+        );
+        let g = f.narrow(&["return s.title()"]);
+        assert_eq!(
+            g.lines.iter().collect::<Vec<_>>(),
+            ["function: title", "line: 7"]
+        );
+        // Too short a code quote names no line.
+        assert_eq!(f.narrow(&["s."]).lines.len(), 3);
+    }
+
+    #[test]
+    fn after_the_thought_the_narrowed_grammar_decides() {
+        let f = file_faithful();
+        let g = GroundedThought {
+            inner: Arc::new(f.grammar.clone()),
+            ground: "from pkg import money\npkg/\n    cache.py\n    money.py\n    text.py".into(),
+            faithful: Some(f),
+        };
+        let v = ["pkg/", "money", "cache", "text", ".py"];
+        let a = allowed(
+            &g,
+            "<think>It runs `from pkg import money`.</think>\n```\npkg/",
+            &v,
+        );
+        assert_eq!(a, ["money"]);
+        let a = allowed(&g, "<think>No idea.</think>\n```\npkg/", &v);
+        assert_eq!(a, ["money", "cache", "text"]);
     }
 }
