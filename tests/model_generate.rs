@@ -313,3 +313,110 @@ fn constrained_answers_follow_the_grammar_and_keep_full_logprobs() {
     let one = generate(&model, Some(&tok), &reqs[2..3], &GenOptions::default()).unwrap();
     assert_eq!(one[0], outs[2]);
 }
+
+/// Test-only thought shaper: outside a quote, after a few characters, a backtick must come next
+/// (so a random model opens many quotes); the answer grammar decides everything else.
+#[derive(Debug)]
+struct QuoteOften(sorft::swe::grammar::AnswerGrammar);
+
+impl sorft::model::constraint::TokenConstraint for QuoteOften {
+    fn allowed(
+        &self,
+        text: &str,
+        remaining: usize,
+        pieces: &[Option<String>],
+    ) -> Option<sorft::model::constraint::Allowed> {
+        let mut a = self.0.allowed(text, remaining, pieces)?;
+        let outside = text.matches('`').count() % 2 == 0;
+        let since = text.rsplit('`').next().map_or(text.len(), str::len);
+        if remaining > self.0.reserve && outside && since >= 4 && !text.contains("</") {
+            for (ok, p) in a.pieces.iter_mut().zip(pieces) {
+                *ok &= p.as_deref().is_some_and(|p| p.starts_with('`'));
+            }
+        }
+        Some(a)
+    }
+}
+
+#[test]
+fn grounded_thoughts_quote_only_the_prompt_and_faithful_answers_follow_them() {
+    use sorft::swe::grammar::{AnswerGrammar, THINK_END};
+    use sorft::swe::grounding::{quotes, Faithful, GroundedThought, Naming};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let g = AnswerGrammar {
+        paths: ["pkg/core.py", "pkg/util.py"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        lines: Default::default(),
+        named: Vec::new(),
+        blank: false,
+        need_item: false,
+        max_lines: 1,
+        reserve: 40,
+    };
+    let ground = "from pkg import core\nvalues = core.median([1, 2])\npkg/util.py";
+    let constraint = Arc::new(GroundedThought {
+        inner: Arc::new(QuoteOften(g.clone())),
+        ground: ground.to_string(),
+        faithful: Some(Faithful {
+            grammar: g.clone(),
+            paths: vec![
+                ("pkg/core.py".into(), Naming::Word("core".into())),
+                ("pkg/util.py".into(), Naming::Word("util".into())),
+            ],
+            items: Vec::new(),
+        }),
+    });
+    let prompt = tok
+        .encode(&format!("{ground}\nWhich file? <think>"))
+        .unwrap();
+    let reqs: Vec<GenRequest> = (0..12)
+        .map(|s| GenRequest {
+            prompt: prompt.clone(),
+            params: SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: s,
+            },
+            max_new_tokens: 64,
+            stop_ids: tok.stop_ids(),
+            constraint: Some(constraint.clone()),
+            ..Default::default()
+        })
+        .collect();
+    let outs = generate(&model, Some(&tok), &reqs, &GenOptions::default()).unwrap();
+    let (mut quoted, mut narrowed) = (0, 0);
+    for o in &outs {
+        let i = o.text.find(THINK_END).expect("</think> is forced");
+        let (thought, answer) = (&o.text[..i], &o.text[i + THINK_END.len()..]);
+        let qs = quotes(thought);
+        for q in &qs {
+            assert!(
+                ground.contains(q),
+                "quote {q:?} is not in the prompt: {thought:?}"
+            );
+        }
+        quoted += qs.len();
+        assert!(g.prefix_ok(answer), "{answer:?}");
+        let named: Vec<&str> = ["core", "util"]
+            .into_iter()
+            .filter(|w| {
+                qs.iter()
+                    .any(|q| q.split(|c: char| !c.is_alphanumeric()).any(|x| x == *w))
+            })
+            .collect();
+        if let (Some(path), false) = (answer.lines().nth(2), named.is_empty()) {
+            assert!(
+                named.iter().any(|w| path == format!("pkg/{w}.py")),
+                "{path:?} was not quoted in {thought:?}"
+            );
+            narrowed += 1;
+        }
+    }
+    assert!(quoted >= 12, "too few quotes to test: {outs:?}");
+    assert!(narrowed >= 1, "no answer followed a quote: {outs:?}");
+}

@@ -730,10 +730,11 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
     ));
     md.push_str(&format!(
         "Decoding: {}.\n\n",
-        if cfg.eval.constrain {
-            "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); the chain of thought is free"
-        } else {
-            "free (answers not constrained)"
+        match (cfg.eval.constrain, cfg.eval.ground, cfg.eval.faithful) {
+            (false, _, _) => "free (answers not constrained)",
+            (true, false, _) => "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); the chain of thought is free",
+            (true, true, false) => "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); quotes in localization thoughts must copy the prompt",
+            (true, true, true) => "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); quotes in localization thoughts must copy the prompt, and a localization answer may only name what its thought quoted (when the thought quoted any shown target)",
         }
     ));
     md.push_str("## Held-out results (Agentless pipeline, end to end)\n\n| stage | file hit % | function hit % | line hit % | edit hit % | %Applied | %Resolved |\n|---|---|---|---|---|---|---|\n");
