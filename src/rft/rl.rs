@@ -296,6 +296,23 @@ pub struct RlTrainer<B: Backend> {
     prompts: Vec<(usize, Vec<u32>)>,
     /// Steps done.
     pub step: usize,
+    /// The last step's rollouts: (instance, subtask, response text, reward).
+    pub last_rollouts: Vec<RolloutLog>,
+}
+
+/// One rollout of a step, as written to `rollouts.jsonl`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RolloutLog {
+    /// The step (1-based).
+    pub step: usize,
+    /// The instance.
+    pub instance_id: String,
+    /// The subtask.
+    pub subtask: String,
+    /// The generated response.
+    pub response: String,
+    /// Its reward.
+    pub reward: f64,
 }
 
 impl<B: Backend> RlTrainer<B> {
@@ -353,6 +370,7 @@ impl<B: Backend> RlTrainer<B> {
             value_opt,
             prompts,
             step: 0,
+            last_rollouts: Vec::new(),
         })
     }
 
@@ -421,12 +439,20 @@ impl<B: Backend> RlTrainer<B> {
         // ---- reward ----
         let t1 = Instant::now();
         let mut rolls = Vec::with_capacity(outs.len());
+        self.last_rollouts.clear();
         let mut by_sub: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for (j, o) in outs.iter().enumerate() {
             let gi = j / cfg.group_size.max(1);
             let (item, prompt) = (&self.prompts[chosen[gi]].0, &self.prompts[chosen[gi]].1);
             let rec = &items[*item].record;
             let r = rec.reward(&o.text, cfg.edit_reward);
+            self.last_rollouts.push(RolloutLog {
+                step: self.step + 1,
+                instance_id: rec.instance_id.clone(),
+                subtask: rec.subtask.name().to_string(),
+                response: o.text.clone(),
+                reward: r.reward,
+            });
             if let Some(z) = &r.zero_reason {
                 *m.zero_reasons
                     .entry(zero_reason_name(z).to_string())

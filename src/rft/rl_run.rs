@@ -1,5 +1,5 @@
 //! A whole stage-2 run on disk: policy and reference from a model directory, steps with metrics
-//! appended to `OUT/metrics.jsonl`, checkpoints under `OUT/checkpoints/` every `save_every` steps
+//! appended to `OUT/metrics.jsonl` (every rollout's response and reward to `OUT/rollouts.jsonl`), checkpoints under `OUT/checkpoints/` every `save_every` steps
 //! (and when stopped), exact resume from the newest good one, and the final policy exported to
 //! `OUT/final/` as a model directory.
 
@@ -88,8 +88,18 @@ pub fn run_rl<B: Backend>(
         .open(&metrics_path)
         .with_context(|| metrics_path.display().to_string())?;
     let mut saved_at = trainer.step;
+    // Every rollout's response and reward, for reading what the policy writes.
+    let rollouts_path = run.out.join("rollouts.jsonl");
+    let mut rollouts = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&rollouts_path)
+        .with_context(|| rollouts_path.display().to_string())?;
     while trainer.step < cfg.steps {
         let m = trainer.step(&mut policy, &reference, &tok, items)?;
+        for r in &trainer.last_rollouts {
+            writeln!(rollouts, "{}", serde_json::to_string(r)?)?;
+        }
         writeln!(log, "{}", serde_json::to_string(&m)?)?;
         log.flush()?;
         on_step(&m);
