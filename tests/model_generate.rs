@@ -78,6 +78,7 @@ fn requests(tok: &Tokenizer) -> Vec<GenRequest> {
             stop_ids: tok.stop_ids(),
             stop_strings: Vec::new(),
             constraint: None,
+            min_allowed_mass: 0.0,
         })
         .collect()
 }
@@ -419,4 +420,58 @@ fn grounded_thoughts_quote_only_the_prompt_and_faithful_answers_follow_them() {
     }
     assert!(quoted >= 12, "too few quotes to test: {outs:?}");
     assert!(narrowed >= 1, "no answer followed a quote: {outs:?}");
+}
+
+/// Allows two fixed token ids and nothing else, never stops.
+#[derive(Debug)]
+struct TwoTokens(u32, u32);
+
+impl sorft::model::constraint::TokenConstraint for TwoTokens {
+    fn allowed(
+        &self,
+        _: &str,
+        _: usize,
+        pieces: &[Option<String>],
+    ) -> Option<sorft::model::constraint::Allowed> {
+        Some(sorft::model::constraint::Allowed {
+            pieces: (0..pieces.len() as u32)
+                .map(|i| i == self.0 || i == self.1)
+                .collect(),
+            stop: false,
+        })
+    }
+}
+
+#[test]
+fn tokens_chosen_against_the_policy_count_as_forced() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tok) = tiny(dir.path());
+    let prompt = tok.encode("def f(x):").unwrap();
+    let pieces = sorft::model::constraint::token_pieces(&tok);
+    let ids: Vec<u32> = (0..pieces.len() as u32)
+        .filter(|&i| pieces[i as usize].is_some())
+        .take(2)
+        .collect();
+    let req = |min: f32| GenRequest {
+        prompt: prompt.clone(),
+        params: sampled(1),
+        max_new_tokens: 8,
+        constraint: Some(Arc::new(TwoTokens(ids[0], ids[1]))),
+        min_allowed_mass: min,
+        ..Default::default()
+    };
+    let outs = generate(
+        &model,
+        Some(&tok),
+        &[req(0.0), req(0.5)],
+        &GenOptions::default(),
+    )
+    .unwrap();
+    // Same tokens either way; two choices are a decision unless the grammar held too little of
+    // the policy's probability (two of 512 tokens of a random model: well under half).
+    assert_eq!(outs[0].ids, outs[1].ids);
+    assert!(outs[0].ids.iter().all(|i| ids.contains(i)));
+    assert!(outs[0].forced.iter().all(|&f| !f));
+    assert!(outs[1].forced.iter().all(|&f| f));
 }

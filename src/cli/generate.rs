@@ -110,6 +110,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             stop_ids: stop_ids.clone(),
             stop_strings: a.stop.clone(),
             constraint: None,
+            min_allowed_mass: 0.0,
         });
     } else if let Some(path) = &a.prompts {
         let f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
@@ -138,6 +139,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 stop_ids: stop_ids.clone(),
                 stop_strings: a.stop.clone(),
                 constraint: None,
+                min_allowed_mass: 0.0,
             });
         }
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::engine::sampling::Sampled;
 use crate::engine::{Backend, SamplingParams, Tensor};
-use crate::model::constraint::{sample_masked, token_pieces, TokenConstraint};
+use crate::model::constraint::{sample_masked, token_pieces, Allowed, TokenConstraint};
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
 use crate::model::tokenizer::Tokenizer;
@@ -29,6 +29,9 @@ pub struct GenRequest {
     pub stop_strings: Vec<String>,
     /// Grammar the generated text must follow (needs a tokenizer).
     pub constraint: Option<Arc<dyn TokenConstraint>>,
+    /// With a constraint: a token also counts as forced when the tokens the grammar allowed held
+    /// less than this share of the model's probability (the grammar, not the policy, decided).
+    pub min_allowed_mass: f32,
 }
 
 /// Why a sequence ended.
@@ -52,8 +55,9 @@ pub struct GenOutput {
     pub logprobs: Vec<f32>,
     /// Decoded text without special tokens, cut before a stop string.
     pub text: String,
-    /// Per token: whether a constraint left it as the only choice (empty without a constraint).
-    /// Such tokens carry no decision of the model; RL leaves them out of its loss.
+    /// Per token: whether a constraint left it as the only choice, or left less than the request's
+    /// `min_allowed_mass` of the model's probability (empty without a constraint). Such tokens
+    /// carry no decision of the model; RL leaves them out of its loss.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forced: Vec<bool>,
     /// Why it ended.
@@ -289,7 +293,7 @@ pub fn generate<B: Backend>(
 }
 
 /// Re-samples the rows whose request has an active constraint, on the host, from masked logits;
-/// per row, whether the constraint left a single choice.
+/// per row, whether the constraint decided (a single choice, or too little allowed mass).
 fn constrain<B: Backend>(
     model: &Model<B>,
     tok: Option<&Tokenizer>,
@@ -319,10 +323,35 @@ fn constrain<B: Backend>(
             sampled[k] = s;
             // Every stop token ends the response the same way: together they are one choice.
             let stops = usize::from(allowed.stop && !r.stop_ids.is_empty());
-            forced[k] = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1;
+            forced[k] = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1
+                || (r.min_allowed_mass > 0.0
+                    && allowed_mass(row, &allowed, &r.stop_ids) < r.min_allowed_mass as f64);
         }
     }
     Ok(forced)
+}
+
+/// The share of a row's (temperature-1) probability on the tokens `allowed` lets through.
+fn allowed_mass(row: &[f32], allowed: &Allowed, stop_ids: &[u32]) -> f64 {
+    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let (mut all, mut ok) = (0.0f64, 0.0f64);
+    for (i, &v) in row.iter().enumerate() {
+        let p = (v as f64 - m).exp();
+        all += p;
+        let lets = if stop_ids.contains(&(i as u32)) {
+            allowed.stop
+        } else {
+            allowed.pieces.get(i).copied().unwrap_or(false)
+        };
+        if lets {
+            ok += p;
+        }
+    }
+    if all > 0.0 {
+        ok / all
+    } else {
+        0.0
+    }
 }
 
 fn check_done(

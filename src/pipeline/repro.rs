@@ -217,6 +217,7 @@ fn subtask_rewards(
                 stop_ids: tok.stop_ids(),
                 stop_strings: Vec::new(),
                 constraint: constraint.clone(),
+                min_allowed_mass: 0.0,
             });
             which.push(i);
         }

@@ -175,6 +175,7 @@ impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
                     stop_ids: tok.stop_ids(),
                     stop_strings: Vec::new(),
                     constraint: constraint.clone(),
+                    min_allowed_mass: 0.0,
                 });
             }
         }

@@ -109,6 +109,10 @@ pub struct RlConfig {
     pub ground: bool,
     /// With `ground`: localization answers may only name what the thought quoted.
     pub faithful: bool,
+    /// Tokens where the grammar left less than this share of the policy's probability count as
+    /// forced and stay out of the loss: there the grammar, not the policy, chose, and a gradient
+    /// through the unconstrained log-probability would push mass onto tokens the grammar bans.
+    pub min_allowed_mass: f32,
     /// Renamed copies of each training prompt, each with a fresh package name
     /// ([`crate::pipeline::augment::renamed_items`], applied by `sorft repro` and `sorft rl`
     /// before the run); 0: the original prompts.
@@ -147,6 +151,7 @@ impl Default for RlConfig {
             constrain: true,
             ground: true,
             faithful: true,
+            min_allowed_mass: 0.5,
             prompt_renames: 0,
         }
     }
@@ -421,6 +426,7 @@ impl<B: Backend> RlTrainer<B> {
                     stop_ids: tok.stop_ids(),
                     stop_strings: Vec::new(),
                     constraint: constraint.clone(),
+                    min_allowed_mass: cfg.min_allowed_mass,
                 });
             }
         }
@@ -447,7 +453,7 @@ impl<B: Backend> RlTrainer<B> {
             let rec = &items[*item].record;
             let r = rec.reward(&o.text, cfg.edit_reward);
             self.last_rollouts.push(RolloutLog {
-                step: self.step + 1,
+                step: self.step,
                 instance_id: rec.instance_id.clone(),
                 subtask: rec.subtask.name().to_string(),
                 response: o.text.clone(),

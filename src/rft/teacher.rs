@@ -448,6 +448,7 @@ impl<B: Backend> Teacher for ModelTeacher<'_, B> {
                     stop_ids: self.tokenizer.stop_ids(),
                     stop_strings: Vec::new(),
                     constraint: None,
+                    min_allowed_mass: 0.0,
                 });
             }
         }

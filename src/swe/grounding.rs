@@ -1,8 +1,9 @@
 //! Grounded chains of thought: inside the thought, text between backticks (a quoted name, call or
 //! line of code) must be copied from what the prompt showed. A small model that writes "the
 //! snippet runs `from pkg import money`" otherwise invents `pkg` and `money`; under this
-//! constraint a quote can only continue the way some occurrence of it in the prompt continues, so a
-//! quoted name is either the prompt's or not written at all. Text outside quotes stays free, and
+//! constraint a quote can only continue the way some occurrence of it in the prompt continues, and
+//! it starts and ends only where words of the prompt do, so a quoted name is the prompt's, whole,
+//! or not written at all. Text outside quotes stays free, and
 //! the answer after `</think>` keeps its own grammar.
 //!
 //! With `faithful` answers (as in Faithful Chain-of-Thought, where the answer follows from the
@@ -146,6 +147,33 @@ impl Faithful {
     }
 }
 
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Whether an occurrence of `s` at byte `i` of `ground` starts where a word does (or `s` starts
+/// with punctuation): quotes copy whole names, never the tail of one.
+fn starts_word(ground: &str, i: usize, s: &str) -> bool {
+    !s.starts_with(is_word_char) || !ground[..i].ends_with(is_word_char)
+}
+
+/// Whether quoted text `q` + `part`, followed in the prompt by `after`, ends where a word does.
+fn ends_word(q: &str, part: &str, after: &str) -> bool {
+    let last = part.chars().last().or_else(|| q.chars().last());
+    !last.is_some_and(is_word_char) || !after.starts_with(is_word_char)
+}
+
+/// Whether `s` occurs in `ground` starting at a word boundary (and, with `whole`, also ending at
+/// one).
+fn occurs(ground: &str, s: &str, whole: bool) -> bool {
+    if s.is_empty() {
+        return true;
+    }
+    ground.match_indices(s).any(|(i, _)| {
+        starts_word(ground, i, s) && (!whole || ends_word("", s, &ground[i + s.len()..]))
+    })
+}
+
 /// Where the thought stands: outside any quote, or inside one with this much quoted text.
 enum Quote<'a> {
     Outside,
@@ -187,12 +215,14 @@ impl GroundedThought {
                 Some(j) => (&rest[..j], true),
                 None => (rest, false),
             };
+            // A quote closes only around something, and only where a word of the prompt ends.
             let ok = if first && !q.is_empty() {
-                next.iter().any(|n| n.starts_with(part))
+                next.iter().any(|n| {
+                    n.starts_with(part) && (!closes || ends_word(q, part, &n[part.len()..]))
+                })
             } else {
-                self.ground.contains(part)
+                occurs(&self.ground, part, closes)
             };
-            // A quote closes only around something.
             if !ok || (closes && q.is_empty() && part.is_empty()) {
                 return false;
             }
@@ -216,6 +246,7 @@ impl GroundedThought {
             Some(q) if !q.is_empty() => self
                 .ground
                 .match_indices(q)
+                .filter(|&(i, _)| starts_word(&self.ground, i, q))
                 .map(|(i, _)| &self.ground[i + q.len()..])
                 .collect(),
             _ => Vec::new(),
@@ -331,17 +362,18 @@ mod tests {
             allowed(&g, "<think>The snippet runs ", &v),
             ["qzx", "41", "q", "zz", " import", "`", "money", "cash", "from", "x`", ">"]
         );
-        // Inside: a fresh quote takes any substring of the prompt; an empty quote cannot close.
+        // Inside: a fresh quote takes any text of the prompt that starts a word (not `41` of
+        // `qzx41`); an empty quote cannot close, nor can one end inside a word (`x` of `qzx41`).
         assert_eq!(
             allowed(&g, "<think>runs `", &v),
-            ["qzx", "41", "q", " import", "money", "from", "x`"]
+            ["qzx", "q", " import", "money", "from"]
         );
-        // Then only the continuations of an occurrence, or the closing backtick.
+        // Then only the continuations of an occurrence, or the closing backtick at a word's end.
         assert_eq!(
             allowed(&g, "<think>runs `from ", &v),
             ["qzx", "q", "`", "`,"]
         );
-        assert_eq!(allowed(&g, "<think>runs `from qzx", &v), ["41", "`", "`,"]);
+        assert_eq!(allowed(&g, "<think>runs `from qzx", &v), ["41"]);
         assert_eq!(
             allowed(&g, "<think>runs `from qzx41 import money", &v),
             ["`", "`,"]
