@@ -256,18 +256,7 @@ fn constrained_answers_follow_the_grammar_and_keep_full_logprobs() {
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let (model, tok) = tiny(dir.path());
-    let g = AnswerGrammar {
-        paths: ["pkg/core.py", "pkg/util.py"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        lines: Default::default(),
-        named: Vec::new(),
-        blank: false,
-        need_item: false,
-        max_lines: 1,
-        reserve: 40,
-    };
+    let g = AnswerGrammar::files(["pkg/core.py", "pkg/util.py"], 1, 40);
     let prompt = tok.encode("Which file? <think>").unwrap();
     let reqs: Vec<GenRequest> = (0..6)
         .map(|s| GenRequest {
@@ -346,18 +335,7 @@ fn grounded_thoughts_quote_only_the_prompt_and_faithful_answers_follow_them() {
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let (model, tok) = tiny(dir.path());
-    let g = AnswerGrammar {
-        paths: ["pkg/core.py", "pkg/util.py"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        lines: Default::default(),
-        named: Vec::new(),
-        blank: false,
-        need_item: false,
-        max_lines: 1,
-        reserve: 40,
-    };
+    let g = AnswerGrammar::files(["pkg/core.py", "pkg/util.py"], 1, 40);
     let ground = "from pkg import core\nvalues = core.median([1, 2])\npkg/util.py";
     let constraint = Arc::new(GroundedThought {
         inner: Arc::new(QuoteOften(g.clone())),

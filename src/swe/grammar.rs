@@ -87,6 +87,23 @@ pub fn constraint_for(
 }
 
 impl AnswerGrammar {
+    /// A file-list answer: up to `max_lines` distinct paths out of `paths`.
+    pub fn files<S: Into<String>>(
+        paths: impl IntoIterator<Item = S>,
+        max_lines: usize,
+        reserve: usize,
+    ) -> Self {
+        AnswerGrammar {
+            paths: paths.into_iter().map(Into::into).collect(),
+            lines: BTreeSet::new(),
+            named: Vec::new(),
+            blank: false,
+            need_item: false,
+            max_lines,
+            reserve,
+        }
+    }
+
     /// The grammar of a localization record's answer; `None` for edits (left free).
     pub fn for_record(rec: &SubtaskRecord, reserve: usize) -> Option<Self> {
         let mut g = AnswerGrammar {
@@ -99,12 +116,7 @@ impl AnswerGrammar {
             reserve,
         };
         match rec.subtask {
-            Subtask::File => {
-                g.paths.extend(rec.shown.files.iter().cloned());
-                g.blank = false;
-                g.need_item = false;
-                g.max_lines = 5;
-            }
+            Subtask::File => g = Self::files(rec.shown.files.iter().cloned(), 5, reserve),
             Subtask::Function => {
                 g.paths.extend(rec.shown.files.iter().cloned());
                 for f in &rec.shown.functions {
@@ -335,18 +347,7 @@ mod tests {
     use super::*;
 
     fn file_grammar() -> AnswerGrammar {
-        AnswerGrammar {
-            paths: ["pkg/a.py", "pkg/ab.py", "setup.py"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            lines: BTreeSet::new(),
-            named: Vec::new(),
-            blank: false,
-            need_item: false,
-            max_lines: 2,
-            reserve: 4,
-        }
+        AnswerGrammar::files(["pkg/a.py", "pkg/ab.py", "setup.py"], 2, 4)
     }
 
     #[test]

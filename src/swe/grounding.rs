@@ -408,18 +408,7 @@ mod tests {
     }
 
     fn file_faithful() -> Faithful {
-        let grammar = AnswerGrammar {
-            paths: ["pkg/cache.py", "pkg/money.py", "pkg/text.py"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            lines: Default::default(),
-            named: Vec::new(),
-            blank: false,
-            need_item: false,
-            max_lines: 5,
-            reserve: 8,
-        };
+        let grammar = AnswerGrammar::files(["pkg/cache.py", "pkg/money.py", "pkg/text.py"], 5, 8);
         let paths = grammar
             .paths
             .iter()
