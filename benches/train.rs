@@ -85,6 +85,7 @@ fn main() {
     let opts = ForwardOptions {
         recompute: std::env::var("SORFT_BENCH_RECOMPUTE").is_ok(),
         chunk_rows: 256,
+        temperature: 1.0,
     };
     let mut times = Vec::new();
     let mut loss = 0.0;

@@ -383,22 +383,42 @@ fn batch() -> Batch {
 }
 
 /// `L = sum_t a_t logp_t + b_t entropy_t` for fixed random `a`, `b`.
-fn model_loss(model: &sorft::model::Model<Cpu>, batch: &Batch, a: &[f32], b: &[f32]) -> f64 {
-    let fwd = forward(model, None, batch, ForwardOptions::default()).unwrap();
+fn model_loss(
+    model: &sorft::model::Model<Cpu>,
+    batch: &Batch,
+    a: &[f32],
+    b: &[f32],
+    temperature: f32,
+) -> f64 {
+    let opts = ForwardOptions {
+        temperature,
+        ..ForwardOptions::default()
+    };
+    let fwd = forward(model, None, batch, opts).unwrap();
     dotv(&host(&fwd.logp), a) + dotv(&host(&fwd.entropy), b)
 }
 
-fn whole_model_check(tied: bool, recompute: bool) {
+fn whole_model_check(tied: bool, recompute: bool, temperature: f32, restrict: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut model = tiny_model(dir.path(), tied, 21);
-    let batch = batch();
+    let mut batch = batch();
+    if restrict {
+        restrict_some(&mut batch, model.config.vocab_size);
+    }
     let t = batch.len();
     let mut r = SplitMix::new(22);
     let a: Vec<f32> = batch.weights.iter().map(|&w| -w).collect();
-    let b: Vec<f32> = randn(&mut r, t).iter().map(|x| 0.3 * x).collect();
+    // The restricted check weighs log-probabilities only (the entropy stays the full
+    // distribution's, checked above; with both, f32 rounding of the loss swamps some directions).
+    let b: Vec<f32> = if restrict {
+        vec![0.0; t]
+    } else {
+        randn(&mut r, t).iter().map(|x| 0.3 * x).collect()
+    };
     let opts = ForwardOptions {
         recompute,
         chunk_rows: 3,
+        temperature,
     };
     let fwd = forward(&model, None, &batch, opts).unwrap();
     let mut grads = Grads::new(&model, None).unwrap();
@@ -416,7 +436,7 @@ fn whole_model_check(tied: bool, recompute: bool) {
         let f = |v: &[f32]| {
             let mut m2 = sorft::model::Model::load(&Cpu, dir.path()).unwrap();
             *model_params_mut(&mut m2)[i].1 = up(v, &shape);
-            model_loss(&m2, &batch, &a, &b)
+            model_loss(&m2, &batch, &a, &b, temperature)
         };
         // f32 forward: the loss (|L| ~ 30) rounds at ~2e-6, i.e. ~1e-3 on the difference quotient.
         check_directional_atol(name, &x0, g, &f, 2e-3, 1e-2, 2e-3, 100 + i as u64);
@@ -427,12 +447,139 @@ fn whole_model_check(tied: bool, recompute: bool) {
 
 #[test]
 fn whole_model_gradient_matches_finite_differences_untied() {
-    whole_model_check(false, false);
+    whole_model_check(false, false, 1.0, false);
 }
 
 #[test]
 fn whole_model_gradient_matches_finite_differences_tied_with_recompute() {
-    whole_model_check(true, true);
+    whole_model_check(true, true, 1.0, false);
+}
+
+/// RL rollouts sampled at a temperature train `softmax(logits / T)`: the gradient of that
+/// distribution's log-probabilities and entropies (scaled head input, scaled `dh`).
+#[test]
+fn whole_model_gradient_matches_finite_differences_at_temperature() {
+    whole_model_check(false, true, 0.7, false);
+}
+
+/// Restricts two rows of [`batch`] to small sets holding their targets (as constrained
+/// decoding would) and one to a set holding all but one token.
+fn restrict_some(batch: &mut Batch, vocab: usize) {
+    use sorft::model::constraint::TokenSet;
+    // Sequence 0 token 3 (target 11), sequence 1 token 4 (target 23), sequence 0 token 5 (9).
+    batch
+        .restrict(0, 3, TokenSet::from_fn(vocab, |i| [11, 4, 30].contains(&i)))
+        .unwrap();
+    batch
+        .restrict(1, 4, TokenSet::from_fn(vocab, |i| i == 23 || i % 7 == 1))
+        .unwrap();
+    batch
+        .restrict(0, 5, TokenSet::from_fn(vocab, |i| i != 2))
+        .unwrap();
+}
+
+/// The renormalised log-probabilities RL uses on constrained tokens: exact gradients of
+/// `logit_a - logsumexp over the allowed set`, through the head and the whole trunk, with the
+/// untied head and at a rollout temperature.
+#[test]
+fn restricted_rows_gradient_matches_finite_differences() {
+    whole_model_check(false, false, 0.7, true);
+    whole_model_check(true, true, 1.0, true);
+}
+
+#[test]
+fn restricted_log_probabilities_renormalise_on_the_allowed_set() {
+    use sorft::model::constraint::TokenSet;
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), true, 41);
+    let v = model.config.vocab_size;
+    let lp = |b: &Batch| {
+        host(
+            &forward(&model, None, b, ForwardOptions::default())
+                .unwrap()
+                .logp,
+        )
+    };
+    let full = lp(&batch());
+    // Everything allowed: the full distribution. Only the target: probability 1.
+    let mut all = batch();
+    all.restrict(0, 3, TokenSet::from_fn(v, |_| true)).unwrap();
+    let mut only = batch();
+    only.restrict(0, 3, TokenSet::from_fn(v, |i| i == 11))
+        .unwrap();
+    let (a, o) = (lp(&all), lp(&only));
+    assert!((a[2] - full[2]).abs() < 1e-5, "{} vs {}", a[2], full[2]);
+    assert!(o[2].abs() < 1e-6, "{}", o[2]);
+    // A subset: more probable than under the full distribution, other rows untouched.
+    let mut some = batch();
+    some.restrict(0, 3, TokenSet::from_fn(v, |i| i < 64))
+        .unwrap();
+    let s = lp(&some);
+    assert!(s[2] > full[2] && s[2] < 0.0, "{} vs {}", s[2], full[2]);
+    for r in (0..full.len()).filter(|&r| r != 2) {
+        assert_eq!(s[r], full[r], "row {r}");
+    }
+    // Bad restrictions are errors: a target outside its set, no such token or sequence.
+    let mut bad = batch();
+    bad.restrict(0, 3, TokenSet::from_fn(v, |i| i == 12))
+        .unwrap();
+    let e = forward(&model, None, &bad, ForwardOptions::default())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("not in its allowed set"), "{e}");
+    let mut b = batch();
+    assert!(b.restrict(0, 6, TokenSet::from_fn(v, |_| true)).is_err());
+    assert!(b.restrict(0, 0, TokenSet::from_fn(v, |_| true)).is_err());
+    assert!(b.restrict(2, 1, TokenSet::from_fn(v, |_| true)).is_err());
+    // A masked-out token (sequence 1 token 3 has mask 0) is left alone.
+    b.restrict(1, 3, TokenSet::from_fn(v, |_| false)).unwrap();
+    assert!(b.restricted.is_empty());
+}
+
+#[test]
+fn training_temperature_gives_the_log_softmax_of_scaled_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), true, 31);
+    let batch = batch();
+    let at = |temperature: f32| {
+        let opts = ForwardOptions {
+            temperature,
+            ..ForwardOptions::default()
+        };
+        let f = forward(&model, None, &batch, opts).unwrap();
+        (host(&f.logp), host(&f.entropy))
+    };
+    let (lp1, _) = at(1.0);
+    let (lp_half, ent_half) = at(0.5);
+    let (_, ent2) = at(2.0);
+    let mut sharper = 0;
+    for (i, &w) in batch.weights.iter().enumerate() {
+        if w == 0.0 {
+            assert_eq!((lp_half[i], ent_half[i]), (0.0, 0.0));
+            continue;
+        }
+        // Cooling makes every distribution sharper: lower entropy than at T = 2.
+        assert!(
+            ent_half[i] < ent2[i],
+            "row {i}: {} vs {}",
+            ent_half[i],
+            ent2[i]
+        );
+        assert!(lp_half[i] <= 0.0 && lp_half[i].is_finite());
+        if lp_half[i] != lp1[i] {
+            sharper += 1;
+        }
+    }
+    assert!(sharper > 0, "temperature changed nothing");
+    // A non-positive temperature is refused with an error, not a panic or NaNs.
+    let bad = ForwardOptions {
+        temperature: 0.0,
+        ..ForwardOptions::default()
+    };
+    let e = forward(&model, None, &batch, bad)
+        .err()
+        .expect("T = 0 refused");
+    assert!(e.to_string().contains("temperature"), "{e}");
 }
 
 #[test]
@@ -452,6 +599,7 @@ fn recompute_gives_the_same_gradients() {
             ForwardOptions {
                 recompute,
                 chunk_rows: 4,
+                temperature: 1.0,
             },
         )
         .unwrap();

@@ -44,6 +44,7 @@ fn check_variant(name: &str, recompute: bool) {
     let opts = ForwardOptions {
         recompute,
         chunk_rows: 5,
+        temperature: 1.0,
     };
     let fwd = forward(&model, None, &batch, opts).unwrap();
     let logp = Cpu.to_host_f32(&fwd.logp).unwrap();

@@ -13,6 +13,79 @@ pub struct Allowed {
     pub stop: bool,
 }
 
+/// The tokens a constraint let through at one decoding step, as a bitset over the vocabulary:
+/// what RL needs to score a sampled token under the distribution it was really drawn from
+/// (the policy renormalised on this set).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenSet {
+    bits: Vec<u64>,
+    vocab: usize,
+}
+
+impl TokenSet {
+    /// The ids for which `f` holds, over a vocabulary of `vocab`.
+    pub fn from_fn(vocab: usize, f: impl Fn(u32) -> bool) -> Self {
+        let mut bits = vec![0u64; vocab.div_ceil(64)];
+        for i in 0..vocab {
+            if f(i as u32) {
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
+        Self { bits, vocab }
+    }
+
+    /// What `allowed` lets through (stop tokens count as allowed when `allowed.stop` is set).
+    pub fn from_allowed(allowed: &Allowed, stop_ids: &[u32], vocab: usize) -> Self {
+        Self::from_fn(vocab, |i| {
+            if stop_ids.contains(&i) {
+                allowed.stop
+            } else {
+                allowed.pieces.get(i as usize).copied().unwrap_or(false)
+            }
+        })
+    }
+
+    /// Whether `id` is in the set.
+    pub fn contains(&self, id: u32) -> bool {
+        (id as usize) < self.vocab && self.bits[id as usize / 64] & (1 << (id % 64)) != 0
+    }
+
+    /// Size of the vocabulary the set is over.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Number of ids in the set.
+    pub fn count(&self) -> usize {
+        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// `log sum_{b in set} softmax(row / T)_b` (`T <= 0` reads as 1, like greedy log-probabilities).
+    pub fn log_mass(&self, row: &[f32], temperature: f32) -> f64 {
+        let inv_t = if temperature > 0.0 {
+            1.0 / temperature as f64
+        } else {
+            1.0
+        };
+        let m = row
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64 * inv_t));
+        let (mut all, mut inside) = (0.0f64, 0.0f64);
+        for (i, &v) in row.iter().enumerate() {
+            if !v.is_finite() {
+                continue;
+            }
+            let p = (v as f64 * inv_t - m).exp();
+            all += p;
+            if self.contains(i as u32) {
+                inside += p;
+            }
+        }
+        (inside / all).ln()
+    }
+}
+
 /// Restricts the next token of one sequence.
 pub trait TokenConstraint: Send + Sync + Debug {
     /// What may follow `text` (the generated text so far) with `remaining` tokens of budget left,
@@ -84,6 +157,29 @@ pub fn sample_masked(
 mod tests {
     use super::*;
     use crate::engine::SamplingParams;
+
+    #[test]
+    fn token_sets_follow_the_allowed_pieces_and_stops_and_weigh_their_mass() {
+        let allowed = Allowed {
+            pieces: vec![true, false, true, false],
+            stop: true,
+        };
+        let set = TokenSet::from_allowed(&allowed, &[3], 4);
+        assert_eq!(
+            (0..5).map(|i| set.contains(i)).collect::<Vec<_>>(),
+            vec![true, false, true, true, false]
+        );
+        assert_eq!(set.count(), 3);
+        let row = [1.0f32, 2.0, 0.5, -1.0];
+        let z: f64 = row.iter().map(|&v| (v as f64).exp()).sum();
+        let want = ((1f64.exp() + 0.5f64.exp() + (-1f64).exp()) / z).ln();
+        assert!((set.log_mass(&row, 1.0) - want).abs() < 1e-12);
+        let everything = TokenSet::from_fn(4, |_| true);
+        assert!(everything.log_mass(&row, 0.7).abs() < 1e-12);
+        // Cooling moves mass to the largest logit (token 1, outside the set).
+        assert!(set.log_mass(&row, 0.5) < set.log_mass(&row, 1.0));
+        assert!(TokenSet::from_fn(130, |i| i == 129).contains(129));
+    }
 
     #[test]
     fn masked_sampling_never_picks_a_banned_token_and_reports_the_full_logprob() {

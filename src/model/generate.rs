@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::engine::sampling::Sampled;
 use crate::engine::{Backend, SamplingParams, Tensor};
-use crate::model::constraint::{sample_masked, token_pieces, Allowed, TokenConstraint};
+use crate::model::constraint::{sample_masked, token_pieces, TokenConstraint, TokenSet};
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
 use crate::model::tokenizer::Tokenizer;
@@ -60,6 +60,15 @@ pub struct GenOutput {
     /// carry no decision of the model; RL leaves them out of its loss.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forced: Vec<bool>,
+    /// Per token: the set the constraint let through (`None` where the step was free; empty
+    /// without a constraint).
+    #[serde(skip)]
+    pub allowed: Vec<Option<TokenSet>>,
+    /// Per token: `log` of the probability (at the request's temperature) the allowed set held,
+    /// 0 where the step was free; `logprobs - allowed_logmass` is the log-probability under the
+    /// renormalised distribution the token was drawn from (empty without a constraint).
+    #[serde(skip)]
+    pub allowed_logmass: Vec<f32>,
     /// Why it ended.
     pub finish: FinishReason,
 }
@@ -87,7 +96,15 @@ struct Active {
     cached: usize,
     ids: Vec<u32>,
     logprobs: Vec<f32>,
-    forced: Vec<bool>,
+    steps: Vec<StepConstraint>,
+}
+
+/// What a constraint did at one decoding step.
+#[derive(Clone, Debug, Default)]
+struct StepConstraint {
+    forced: bool,
+    allowed: Option<TokenSet>,
+    logmass: f32,
 }
 
 fn validate<B: Backend>(
@@ -202,13 +219,13 @@ pub fn generate<B: Backend>(
                     },
                 )?;
                 let mut s = model.backend.sample(&logits, &[r.params], &[0])?;
-                let forced = constrain(model, tok, &pieces, &logits, &[(r, &[][..])], &mut s)?;
+                let steps = constrain(model, tok, &pieces, &logits, &[(r, &[][..])], &mut s)?;
                 let mut a = Active {
                     req: i,
                     cached: n,
                     ids: vec![s[0].id],
                     logprobs: vec![s[0].logprob],
-                    forced,
+                    steps,
                 };
                 generated += 1;
                 match check_done(tok, r, &a.ids)? {
@@ -218,7 +235,7 @@ pub fn generate<B: Backend>(
                             r,
                             std::mem::take(&mut a.ids),
                             a.logprobs,
-                            a.forced,
+                            a.steps,
                             reason,
                         )?);
                         bar.inc(1);
@@ -260,14 +277,14 @@ pub fn generate<B: Backend>(
             .iter()
             .filter_map(|&s| slots[s].as_ref().map(|a| (&reqs[a.req], &a.ids[..])))
             .collect();
-        let forced = constrain(model, tok, &pieces, &logits, &rows_done, &mut sampled)?;
+        let mut steps = constrain(model, tok, &pieces, &logits, &rows_done, &mut sampled)?;
         for (k, &s) in active.iter().enumerate() {
             let done = match slots[s].as_mut() {
                 Some(a) => {
                     a.cached += 1;
                     a.ids.push(sampled[k].id);
                     a.logprobs.push(sampled[k].logprob);
-                    a.forced.push(forced[k]);
+                    a.steps.push(std::mem::take(&mut steps[k]));
                     generated += 1;
                     check_done(tok, &reqs[a.req], &a.ids)?
                 }
@@ -276,7 +293,7 @@ pub fn generate<B: Backend>(
             if let Some(reason) = done {
                 if let Some(a) = slots[s].take() {
                     let r = &reqs[a.req];
-                    outputs[a.req] = Some(finish(tok, r, a.ids, a.logprobs, a.forced, reason)?);
+                    outputs[a.req] = Some(finish(tok, r, a.ids, a.logprobs, a.steps, reason)?);
                     bar.inc(1);
                 }
             }
@@ -293,7 +310,8 @@ pub fn generate<B: Backend>(
 }
 
 /// Re-samples the rows whose request has an active constraint, on the host, from masked logits;
-/// per row, whether the constraint decided (a single choice, or too little allowed mass).
+/// per row, what the constraint did: whether it decided (a single choice, or too little allowed
+/// mass), the set it allowed and that set's log-probability mass.
 fn constrain<B: Backend>(
     model: &Model<B>,
     tok: Option<&Tokenizer>,
@@ -301,13 +319,13 @@ fn constrain<B: Backend>(
     logits: &Tensor<B>,
     rows: &[(&GenRequest, &[u32])],
     sampled: &mut [Sampled],
-) -> Result<Vec<bool>> {
-    let mut forced = vec![false; rows.len()];
+) -> Result<Vec<StepConstraint>> {
+    let mut out = vec![StepConstraint::default(); rows.len()];
     let (Some(tok), false) = (tok, pieces.is_empty()) else {
-        return Ok(forced);
+        return Ok(out);
     };
     if rows.iter().all(|(r, _)| r.constraint.is_none()) {
-        return Ok(forced);
+        return Ok(out);
     }
     let host = model.backend.to_host_f32(logits)?;
     let vocab = host.len() / rows.len().max(1);
@@ -323,35 +341,19 @@ fn constrain<B: Backend>(
             sampled[k] = s;
             // Every stop token ends the response the same way: together they are one choice.
             let stops = usize::from(allowed.stop && !r.stop_ids.is_empty());
-            forced[k] = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1
-                || (r.min_allowed_mass > 0.0
-                    && allowed_mass(row, &allowed, &r.stop_ids) < r.min_allowed_mass as f64);
+            let set = TokenSet::from_allowed(&allowed, &r.stop_ids, vocab);
+            let logmass = set.log_mass(row, r.params.temperature);
+            let single = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1;
+            out[k] = StepConstraint {
+                forced: single
+                    || (r.min_allowed_mass > 0.0
+                        && set.log_mass(row, 1.0) < (r.min_allowed_mass as f64).ln()),
+                allowed: Some(set),
+                logmass: logmass as f32,
+            };
         }
     }
-    Ok(forced)
-}
-
-/// The share of a row's (temperature-1) probability on the tokens `allowed` lets through.
-fn allowed_mass(row: &[f32], allowed: &Allowed, stop_ids: &[u32]) -> f64 {
-    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let (mut all, mut ok) = (0.0f64, 0.0f64);
-    for (i, &v) in row.iter().enumerate() {
-        let p = (v as f64 - m).exp();
-        all += p;
-        let lets = if stop_ids.contains(&(i as u32)) {
-            allowed.stop
-        } else {
-            allowed.pieces.get(i).copied().unwrap_or(false)
-        };
-        if lets {
-            ok += p;
-        }
-    }
-    if all > 0.0 {
-        ok / all
-    } else {
-        0.0
-    }
+    Ok(out)
 }
 
 fn check_done(
@@ -385,7 +387,7 @@ fn finish(
     r: &GenRequest,
     ids: Vec<u32>,
     logprobs: Vec<f32>,
-    forced: Vec<bool>,
+    steps: Vec<StepConstraint>,
     finish: FinishReason,
 ) -> Result<GenOutput> {
     let mut text = match tok {
@@ -408,7 +410,17 @@ fn finish(
         logprobs,
         text,
         forced: if r.constraint.is_some() {
-            forced
+            steps.iter().map(|s| s.forced).collect()
+        } else {
+            Vec::new()
+        },
+        allowed_logmass: if r.constraint.is_some() {
+            steps.iter().map(|s| s.logmass).collect()
+        } else {
+            Vec::new()
+        },
+        allowed: if r.constraint.is_some() {
+            steps.into_iter().map(|s| s.allowed).collect()
         } else {
             Vec::new()
         },

@@ -136,6 +136,7 @@ impl Default for ReproConfig {
                 prompts_per_step: 8,
                 group_size: 4,
                 lr: 2e-4,
+                temperature: 0.7,
                 max_new_tokens: 128,
                 max_prompt_tokens: 2048,
                 prompt_renames: 2,

@@ -20,6 +20,7 @@ use crate::engine::backend::IGNORE_TARGET;
 use crate::engine::rng::{random_u64, SplitMix};
 use crate::engine::{Backend, DType, HostData, SamplingParams, Tensor};
 use crate::model::chat::{self, Message};
+use crate::model::constraint::TokenSet;
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::{Model, Tokenizer};
 use crate::rft::advantage::{gae, group_normalised, leave_one_out, shaped_rewards, whiten};
@@ -80,7 +81,9 @@ pub struct RlConfig {
     pub entropy_coef: f32,
     /// Global gradient-norm clip.
     pub max_grad_norm: f32,
-    /// Rollout temperature.
+    /// Rollout temperature; the policy being optimised is `softmax(logits / temperature)` (the
+    /// training forward, the KL to the reference and the entropy all use it), so rollouts stay
+    /// on-policy at any temperature.
     pub temperature: f32,
     /// Most tokens per response.
     pub max_new_tokens: usize,
@@ -110,9 +113,14 @@ pub struct RlConfig {
     /// With `ground`: localization answers may only name what the thought quoted.
     pub faithful: bool,
     /// Tokens where the grammar left less than this share of the policy's probability count as
-    /// forced and stay out of the loss: there the grammar, not the policy, chose, and a gradient
-    /// through the unconstrained log-probability would push mass onto tokens the grammar bans.
+    /// forced and stay out of the loss (0: off). Without `renormalise` a gradient through the
+    /// unconstrained log-probability there mostly pushes mass onto tokens the grammar bans; with
+    /// it, those are the decisions the policy most needs to learn, so the default is 0.
     pub min_allowed_mass: f32,
+    /// Score constrained tokens under the distribution they were sampled from: the policy
+    /// renormalised on the grammar's allowed set ([`crate::train::restrict`]), in the ratio, the
+    /// KL and the gradient. Off: the full (unconstrained) log-probabilities.
+    pub renormalise: bool,
     /// Renamed copies of each training prompt, each with a fresh package name
     /// ([`crate::pipeline::augment::renamed_items`], applied by `sorft repro` and `sorft rl`
     /// before the run); 0: the original prompts.
@@ -151,7 +159,8 @@ impl Default for RlConfig {
             constrain: true,
             ground: true,
             faithful: true,
-            min_allowed_mass: 0.5,
+            min_allowed_mass: 0.0,
+            renormalise: true,
             prompt_renames: 0,
         }
     }
@@ -213,6 +222,25 @@ struct Rollout {
     seq: Sequence,
     response: Vec<u32>,
     score: f32,
+    /// Prompt length and, per response token, the set the grammar allowed (when renormalising).
+    restrict: (usize, Vec<Option<TokenSet>>),
+}
+
+/// Packs sequences and restricts the rows of their constrained tokens.
+fn pack_restricted(
+    seqs: &[&Sequence],
+    restrict: &[&(usize, Vec<Option<TokenSet>>)],
+) -> anyhow::Result<Batch> {
+    let owned: Vec<Sequence> = seqs.iter().map(|s| (*s).clone()).collect();
+    let mut batch = Batch::pack(&owned)?;
+    for (s, (plen, sets)) in restrict.iter().enumerate() {
+        for (t, set) in sets.iter().enumerate() {
+            if let Some(set) = set {
+                batch.restrict(s, plen + t, set.clone())?;
+            }
+        }
+    }
+    Ok(batch)
 }
 
 /// One vector of per-token values for each sequence.
@@ -223,15 +251,20 @@ type PerSeq = Vec<Vec<f32>>;
 fn response_logprobs<B: Backend>(
     model: &Model<B>,
     seqs: &[&Sequence],
+    restrict: &[&(usize, Vec<Option<TokenSet>>)],
     chunk: usize,
     value_head: Option<&(Tensor<B>, Tensor<B>)>,
+    temperature: f32,
 ) -> anyhow::Result<(PerSeq, PerSeq)> {
+    let opts = ForwardOptions {
+        temperature,
+        ..ForwardOptions::default()
+    };
     let mut lps = Vec::with_capacity(seqs.len());
     let mut vals = Vec::with_capacity(seqs.len());
-    for group in seqs.chunks(chunk.max(1)) {
-        let owned: Vec<Sequence> = group.iter().map(|s| (*s).clone()).collect();
-        let batch = Batch::pack(&owned)?;
-        let fwd = forward(model, None, &batch, ForwardOptions::default())?;
+    for (group, rs) in seqs.chunks(chunk.max(1)).zip(restrict.chunks(chunk.max(1))) {
+        let batch = pack_restricted(group, rs)?;
+        let fwd = forward(model, None, &batch, opts)?;
         let logp = model.backend.to_host_f32(&fwd.logp)?;
         let values = match value_head {
             Some((w, b)) => {
@@ -241,7 +274,7 @@ fn response_logprobs<B: Backend>(
             }
             None => Vec::new(),
         };
-        for s in 0..owned.len() {
+        for s in 0..group.len() {
             let (a, z) = (
                 batch.cu_seqlens[s] as usize,
                 batch.cu_seqlens[s + 1] as usize,
@@ -329,6 +362,11 @@ impl<B: Backend> RlTrainer<B> {
         cfg: RlConfig,
     ) -> anyhow::Result<Self> {
         let be = &policy.backend;
+        anyhow::ensure!(
+            cfg.temperature.is_finite() && cfg.temperature > 0.0,
+            "stage2.temperature must be positive (rollouts are sampled), got {}",
+            cfg.temperature
+        );
         let prompts = encode_prompts(tok, items, cfg.max_prompt_tokens)?;
         if prompts.is_empty() {
             anyhow::bail!(
@@ -484,6 +522,14 @@ impl<B: Backend> RlTrainer<B> {
                 },
                 response: o.ids.clone(),
                 score: r.reward as f32,
+                restrict: (
+                    prompt.len(),
+                    if cfg.renormalise {
+                        o.allowed.clone()
+                    } else {
+                        Vec::new()
+                    },
+                ),
             });
         }
         let scores: Vec<f32> = rolls.iter().map(|r| r.score).collect();
@@ -516,9 +562,16 @@ impl<B: Backend> RlTrainer<B> {
             .collect();
         m.trained_sequences = live.len();
         let seqs: Vec<&Sequence> = live.iter().map(|&i| &rolls[i].seq).collect();
-        // At temperature 1 the sampler's log-probabilities are the policy's own (unconstrained,
-        // full-distribution, the same forward up to rounding): no second pass is needed for them.
-        let (old, old_values) = if self.value_head.is_none() && cfg.temperature == 1.0 {
+        let restrict: Vec<&(usize, Vec<Option<TokenSet>>)> =
+            live.iter().map(|&i| &rolls[i].restrict).collect();
+        // The sampler's log-probabilities are the policy's own at the rollout temperature
+        // (unconstrained, full-distribution, the same forward up to rounding), and the training
+        // forward models the same tempered distribution: no second pass is needed for them.
+        let fopts = ForwardOptions {
+            temperature: cfg.temperature,
+            ..ForwardOptions::default()
+        };
+        let (old, old_values) = if self.value_head.is_none() {
             let own = live
                 .iter()
                 .map(|&i| {
@@ -527,7 +580,15 @@ impl<B: Backend> RlTrainer<B> {
                         .iter()
                         .enumerate()
                         .filter(|&(t, _)| !outs[i].forced.get(t).copied().unwrap_or(false))
-                        .map(|(_, &lp)| lp)
+                        .map(|(t, &lp)| {
+                            // The renormalised distribution's log-probability.
+                            let mass = outs[i].allowed_logmass.get(t).copied().unwrap_or(0.0);
+                            if cfg.renormalise {
+                                lp - mass
+                            } else {
+                                lp
+                            }
+                        })
                         .collect()
                 })
                 .collect::<Vec<Vec<f32>>>();
@@ -541,9 +602,23 @@ impl<B: Backend> RlTrainer<B> {
             }
             (own, vec![Vec::new(); live.len()])
         } else {
-            response_logprobs(policy, &seqs, cfg.minibatch, self.value_head.as_ref())?
+            response_logprobs(
+                policy,
+                &seqs,
+                &restrict,
+                cfg.minibatch,
+                self.value_head.as_ref(),
+                cfg.temperature,
+            )?
         };
-        let (refl, _) = response_logprobs(reference, &seqs, cfg.minibatch, None)?;
+        let (refl, _) = response_logprobs(
+            reference,
+            &seqs,
+            &restrict,
+            cfg.minibatch,
+            None,
+            cfg.temperature,
+        )?;
         let kl_tok: Vec<Vec<f32>> = old
             .iter()
             .zip(&refl)
@@ -622,14 +697,15 @@ impl<B: Backend> RlTrainer<B> {
                 order.swap(i, r.below(i as u64 + 1) as usize);
             }
             for mb in order.chunks(cfg.minibatch.max(1)) {
-                let owned: Vec<Sequence> = mb.iter().map(|&i| seqs[i].clone()).collect();
-                let batch = Batch::pack(&owned)?;
-                let fwd = forward(policy, None, &batch, ForwardOptions::default())?;
+                let mb_seqs: Vec<&Sequence> = mb.iter().map(|&i| seqs[i]).collect();
+                let mb_restrict: Vec<_> = mb.iter().map(|&i| restrict[i]).collect();
+                let batch = pack_restricted(&mb_seqs, &mb_restrict)?;
+                let fwd = forward(policy, None, &batch, fopts)?;
                 let logp_rows = be.to_host_f32(&fwd.logp)?;
                 let ent_rows = be.to_host_f32(&fwd.entropy)?;
                 // Gather response-token rows in order.
                 let mut rows = Vec::new();
-                for s in 0..owned.len() {
+                for s in 0..mb.len() {
                     let (a, z) = (
                         batch.cu_seqlens[s] as usize,
                         batch.cu_seqlens[s + 1] as usize,

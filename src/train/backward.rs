@@ -2,10 +2,10 @@
 //! LM head and final norm, then per block the MLP (down, SwiGLU, gate/up, norm) and attention
 //! (o_proj, packed causal attention, RoPE, q/k/v with biases, norm), residual adds, embedding.
 
-use crate::engine::{Backend, DType, Tensor};
+use crate::engine::{Backend, DType, HostData, Tensor};
 use crate::model::transformer::Model;
 use crate::train::error::Result;
-use crate::train::forward::{block_forward, BlockActs, Forward, Saved};
+use crate::train::forward::{block_forward, tempered, BlockActs, Forward, Saved};
 use crate::train::lora::{Adapter, Lora, LoraTarget};
 use crate::train::params::Grads;
 
@@ -74,6 +74,7 @@ pub fn backward<B: Backend>(
         x_final,
         h_final,
         opts,
+        restricted,
         ..
     } = fwd;
     let t = batch.ids.shape()[0];
@@ -86,15 +87,38 @@ pub fn backward<B: Backend>(
             .full
             .as_mut()
             .map(|gm| gm.lm_head.as_mut().unwrap_or(&mut gm.embed));
-        let dh = be.token_logprobs_backward(
-            &h_final,
+        let mut dhead = dhead;
+        let scaled = tempered(be, &h_final, opts.temperature)?;
+        let hin = scaled.as_ref().unwrap_or(&h_final);
+        // Restricted rows: their exact gradient here, and no full-softmax gradient below.
+        let (g_full, extra) = match &restricted {
+            Some(r) => {
+                let mut g = be.to_host_f32(g_logp)?;
+                let gr: Vec<f32> = r
+                    .rows
+                    .iter()
+                    .map(|&row| std::mem::take(&mut g[row as usize]))
+                    .collect();
+                let extra = r.backward(be, hin, model.head(), &gr, dhead.as_deref_mut())?;
+                (Some(be.upload(HostData::F32(&g), &[g.len()])?), extra)
+            }
+            None => (None, Vec::new()),
+        };
+        let mut dh = be.token_logprobs_backward(
+            hin,
             model.head(),
             &batch.targets,
-            g_logp,
+            g_full.as_ref().unwrap_or(g_logp),
             g_entropy,
             opts.chunk_rows,
             dhead,
         )?;
+        for (rows, dhs) in &extra {
+            be.embedding_backward(&mut dh, rows, dhs)?;
+        }
+        if opts.temperature != 1.0 {
+            be.scale(&mut dh, 1.0 / opts.temperature)?;
+        }
         let gnorm = grads.full.as_mut().map(|gm| &mut gm.norm);
         be.rms_norm_backward(&x_final, &model.norm, &dh, c.rms_norm_eps, gnorm)?
     };

@@ -4,9 +4,11 @@
 
 use crate::engine::backend::IGNORE_TARGET;
 use crate::engine::{Backend, HostData, Tensor};
+use crate::model::constraint::TokenSet;
 use crate::model::transformer::{Block, Model};
 use crate::train::error::{Result, TrainError};
 use crate::train::lora::{Adapter, Lora, LoraTarget};
+use crate::train::restrict::Restricted;
 
 /// One training sequence: token ids, a mask of the tokens to predict, and a loss weight.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,6 +34,8 @@ pub struct Batch {
     pub targets: Vec<u32>,
     /// Loss weight of row `t` (0 where ignored).
     pub weights: Vec<f32>,
+    /// Rows whose distribution is restricted to an allowed set ([`Batch::restrict`]).
+    pub restricted: Vec<(usize, TokenSet)>,
 }
 
 impl Batch {
@@ -43,6 +47,7 @@ impl Batch {
             cu_seqlens: vec![0],
             targets: Vec::new(),
             weights: Vec::new(),
+            restricted: Vec::new(),
         };
         for (n, s) in seqs.iter().enumerate() {
             if s.mask.len() != s.ids.len() {
@@ -76,6 +81,32 @@ impl Batch {
         self.ids.is_empty()
     }
 
+    /// Restricts the distribution predicting token `token` of sequence `seq` to `set`: its
+    /// log-probability (and gradient) become those of the model renormalised on the set, the
+    /// distribution constrained decoding sampled it from ([`crate::train::restrict`]). A token
+    /// without a target (masked out) is left alone.
+    pub fn restrict(&mut self, seq: usize, token: usize, set: TokenSet) -> Result<()> {
+        let (a, z) = match (self.cu_seqlens.get(seq), self.cu_seqlens.get(seq + 1)) {
+            (Some(&a), Some(&z)) => (a as usize, z as usize),
+            _ => {
+                return Err(TrainError::Input(format!(
+                    "restrict: no sequence {seq} in a batch of {}",
+                    self.cu_seqlens.len().saturating_sub(1)
+                )))
+            }
+        };
+        if token == 0 || a + token >= z {
+            return Err(TrainError::Input(format!(
+                "restrict: sequence {seq} has no predicted token {token}"
+            )));
+        }
+        let row = a + token - 1;
+        if self.targets[row] != IGNORE_TARGET {
+            self.restricted.push((row, set));
+        }
+        Ok(())
+    }
+
     /// Rows with a target.
     pub fn trained_tokens(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_TARGET).count()
@@ -89,6 +120,10 @@ pub struct ForwardOptions {
     pub recompute: bool,
     /// Rows of logits computed at once by the token loss.
     pub chunk_rows: usize,
+    /// Sampling temperature of the modelled distribution: log-probabilities and entropies are
+    /// those of `softmax(logits / temperature)` (RL rollouts sampled at a temperature below 1 stay
+    /// on-policy). 1 for plain training.
+    pub temperature: f32,
 }
 
 impl Default for ForwardOptions {
@@ -96,6 +131,7 @@ impl Default for ForwardOptions {
         Self {
             recompute: false,
             chunk_rows: 256,
+            temperature: 1.0,
         }
     }
 }
@@ -177,6 +213,8 @@ pub struct Forward<B: Backend> {
     pub entropy: Tensor<B>,
     /// The options used.
     pub opts: ForwardOptions,
+    /// The batch's restricted rows (their `logp` is the restricted log-probability).
+    pub restricted: Option<Restricted>,
 }
 
 impl<B: Backend> Forward<B> {
@@ -198,6 +236,26 @@ impl<B: Backend> Forward<B> {
             .sum();
         4 * (blocks + self.x_final.numel() + self.h_final.numel() + 2 * self.logp.numel())
     }
+}
+
+/// The head's input for logits divided by `temperature` (`logits / T = (h / T) head^T`): a scaled
+/// copy of `h`, or `None` at temperature 1 (use `h` itself).
+pub(crate) fn tempered<B: Backend>(
+    be: &B,
+    h: &Tensor<B>,
+    temperature: f32,
+) -> Result<Option<Tensor<B>>> {
+    if temperature == 1.0 {
+        return Ok(None);
+    }
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(TrainError::Input(format!(
+            "training temperature must be positive and finite, got {temperature}"
+        )));
+    }
+    let mut t = be.copy(h)?;
+    be.scale(&mut t, 1.0 / temperature)?;
+    Ok(Some(t))
 }
 
 /// `x W^T (+ b) + s (x A^T) B^T`.
@@ -317,8 +375,22 @@ pub fn forward<B: Backend>(
         x = y;
     }
     let h_final = be.rms_norm(&x, &model.norm, c.rms_norm_eps)?;
-    let (logp, entropy) =
-        be.token_logprobs(&h_final, model.head(), &db.targets, opts.chunk_rows)?;
+    let scaled = tempered(be, &h_final, opts.temperature)?;
+    let hin = scaled.as_ref().unwrap_or(&h_final);
+    let (mut logp, entropy) = be.token_logprobs(hin, model.head(), &db.targets, opts.chunk_rows)?;
+    let restricted = if batch.restricted.is_empty() {
+        None
+    } else {
+        let r = Restricted::new(&batch.restricted, &batch.targets, model.head().shape()[0])?;
+        let lp = r.logprobs(be, hin, model.head())?;
+        let mut host = be.to_host_f32(&logp)?;
+        for (&row, &v) in r.rows.iter().zip(&lp) {
+            host[row as usize] = v;
+        }
+        logp = be.upload(HostData::F32(&host), &[host.len()])?;
+        Some(r)
+    };
+    drop(scaled);
     Ok(Forward {
         batch: db,
         blocks,
@@ -327,5 +399,6 @@ pub fn forward<B: Backend>(
         logp,
         entropy,
         opts,
+        restricted,
     })
 }

@@ -13,6 +13,7 @@ pub mod lora;
 pub mod loss;
 pub mod optim;
 pub mod params;
+pub mod restrict;
 pub mod sft;
 
 pub use error::{Result, TrainError};

@@ -255,6 +255,7 @@ pub fn eval_loss<B: Backend>(
         let opts = ForwardOptions {
             recompute: true,
             chunk_rows,
+            temperature: 1.0,
         };
         let fwd = forward(model, lora, &batch, opts)?;
         let lp = model.backend.to_host_f32(&fwd.logp)?;
@@ -610,6 +611,7 @@ pub fn run_sft<B: Backend>(
     let fopts = ForwardOptions {
         recompute: cfg.recompute,
         chunk_rows: cfg.chunk_rows.max(1),
+        temperature: 1.0,
     };
     let mut eval_loss_last = None;
     let mut last_ckpt = None;
