@@ -59,7 +59,7 @@ impl Default for ModelSection {
         Self {
             preset: Preset::Small,
             base: String::new(),
-            warmup_epochs: 3,
+            warmup_epochs: 2,
             warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,
             warmup_renames: 1,
@@ -96,7 +96,7 @@ impl Default for Stage1Config {
         Self {
             samples_per_prompt: 4,
             teacher_temperature: 0.7,
-            epochs: 5,
+            epochs: 4,
             lr: 2e-3,
             batch_tokens: 2048,
             max_len: 2048,
@@ -135,7 +135,7 @@ impl Default for ReproConfig {
                 steps: 12,
                 prompts_per_step: 8,
                 group_size: 4,
-                lr: 2e-4,
+                lr: 1e-4,
                 temperature: 0.7,
                 max_new_tokens: 128,
                 max_prompt_tokens: 2048,

@@ -226,6 +226,20 @@ struct Rollout {
     restrict: (usize, Vec<Option<TokenSet>>),
 }
 
+/// Steps where the grammar banned less than this log-mass (1e-4 of the probability) are scored
+/// under the full distribution: the same numbers to 1e-4, without materialising their logits.
+const NEGLIGIBLE_LOGMASS: f32 = -1e-4;
+
+/// The allowed set token `t` of a rollout is scored under, when the grammar's cut mattered.
+fn restricted_set(o: &crate::model::generate::GenOutput, t: usize) -> Option<TokenSet> {
+    let mass = o.allowed_logmass.get(t).copied().unwrap_or(0.0);
+    if mass < NEGLIGIBLE_LOGMASS {
+        o.allowed.get(t).cloned().flatten()
+    } else {
+        None
+    }
+}
+
 /// Packs sequences and restricts the rows of their constrained tokens.
 fn pack_restricted(
     seqs: &[&Sequence],
@@ -525,7 +539,7 @@ impl<B: Backend> RlTrainer<B> {
                 restrict: (
                     prompt.len(),
                     if cfg.renormalise {
-                        o.allowed.clone()
+                        (0..o.ids.len()).map(|t| restricted_set(o, t)).collect()
                     } else {
                         Vec::new()
                     },
@@ -582,9 +596,8 @@ impl<B: Backend> RlTrainer<B> {
                         .filter(|&(t, _)| !outs[i].forced.get(t).copied().unwrap_or(false))
                         .map(|(t, &lp)| {
                             // The renormalised distribution's log-probability.
-                            let mass = outs[i].allowed_logmass.get(t).copied().unwrap_or(0.0);
-                            if cfg.renormalise {
-                                lp - mass
+                            if cfg.renormalise && restricted_set(&outs[i], t).is_some() {
+                                lp - outs[i].allowed_logmass[t]
                             } else {
                                 lp
                             }
