@@ -108,25 +108,19 @@ pub fn token_pieces(tok: &crate::model::Tokenizer) -> Vec<Option<String>> {
         .collect()
 }
 
-/// Samples one row under a constraint: disallowed tokens get probability 0; the returned
-/// log-probability is the token's under the unconstrained distribution (what a teacher-forced
-/// forward pass recomputes), so policy-gradient ratios stay consistent.
+/// Samples one row from the tokens in `allowed` (the others get probability 0); the returned
+/// log-probability is the token's under the unconstrained distribution at the temperature
+/// (subtract [`TokenSet::log_mass`] for the renormalised one RL scores it under).
 pub fn sample_masked(
     logits: &[f32],
-    allowed: &Allowed,
-    stop_ids: &[u32],
+    allowed: &TokenSet,
     p: &crate::engine::SamplingParams,
     counter: u64,
 ) -> Option<crate::engine::sampling::Sampled> {
     let mut masked = logits.to_vec();
     let mut any = false;
     for (i, v) in masked.iter_mut().enumerate() {
-        let ok = if stop_ids.contains(&(i as u32)) {
-            allowed.stop
-        } else {
-            allowed.pieces.get(i).copied().unwrap_or(false)
-        };
-        if ok && v.is_finite() {
+        if allowed.contains(i as u32) && v.is_finite() {
             any = true;
         } else {
             *v = f32::NEG_INFINITY;
@@ -197,7 +191,8 @@ mod tests {
         let lse = logits.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
         let mut seen = [0usize; 4];
         for c in 0..2000 {
-            let s = sample_masked(&logits, &allowed, &[3], &p, c).expect("some token allowed");
+            let set = TokenSet::from_allowed(&allowed, &[3], 4);
+            let s = sample_masked(&logits, &set, &p, c).expect("some token allowed");
             seen[s.id as usize] += 1;
             assert!((s.logprob as f64 - (logits[s.id as usize] as f64 - lse)).abs() < 1e-5);
         }
@@ -209,12 +204,14 @@ mod tests {
             pieces: vec![false; 4],
             stop: true,
         };
-        let g = sample_masked(&logits, &stop_ok, &[3], &SamplingParams::greedy(), 0);
+        let stop_ok = TokenSet::from_allowed(&stop_ok, &[3], 4);
+        let g = sample_masked(&logits, &stop_ok, &SamplingParams::greedy(), 0);
         assert_eq!(g.map(|s| s.id), Some(3));
         let none = Allowed {
             pieces: vec![false; 4],
             stop: false,
         };
-        assert!(sample_masked(&logits, &none, &[3], &p, 0).is_none());
+        let none = TokenSet::from_allowed(&none, &[3], 4);
+        assert!(sample_masked(&logits, &none, &p, 0).is_none());
     }
 }

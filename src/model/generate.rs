@@ -337,11 +337,11 @@ fn constrain<B: Backend>(
             continue;
         };
         let row = &host[k * vocab..(k + 1) * vocab];
-        if let Some(s) = sample_masked(row, &allowed, &r.stop_ids, &r.params, ids.len() as u64) {
+        let set = TokenSet::from_allowed(&allowed, &r.stop_ids, vocab);
+        if let Some(s) = sample_masked(row, &set, &r.params, ids.len() as u64) {
             sampled[k] = s;
             // Every stop token ends the response the same way: together they are one choice.
             let stops = usize::from(allowed.stop && !r.stop_ids.is_empty());
-            let set = TokenSet::from_allowed(&allowed, &r.stop_ids, vocab);
             let logmass = set.log_mass(row, r.params.temperature);
             let single = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1;
             out[k] = StepConstraint {
