@@ -578,9 +578,9 @@ impl<B: Backend> RlTrainer<B> {
         let seqs: Vec<&Sequence> = live.iter().map(|&i| &rolls[i].seq).collect();
         let restrict: Vec<&(usize, Vec<Option<TokenSet>>)> =
             live.iter().map(|&i| &rolls[i].restrict).collect();
-        // The sampler's log-probabilities are the policy's own at the rollout temperature
-        // (unconstrained, full-distribution, the same forward up to rounding), and the training
-        // forward models the same tempered distribution: no second pass is needed for them.
+        // The sampler's log-probabilities are the policy's own at the rollout temperature (the
+        // same forward up to rounding); minus the allowed set's log-mass on the restricted
+        // tokens, they are what the training forward computes: no second pass is needed.
         let fopts = ForwardOptions {
             temperature: cfg.temperature,
             ..ForwardOptions::default()
@@ -596,7 +596,7 @@ impl<B: Backend> RlTrainer<B> {
                         .filter(|&(t, _)| !outs[i].forced.get(t).copied().unwrap_or(false))
                         .map(|(t, &lp)| {
                             // The renormalised distribution's log-probability.
-                            if cfg.renormalise && restricted_set(&outs[i], t).is_some() {
+                            if rolls[i].restrict.1.get(t).is_some_and(Option::is_some) {
                                 lp - outs[i].allowed_logmass[t]
                             } else {
                                 lp

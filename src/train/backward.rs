@@ -83,11 +83,10 @@ pub fn backward<B: Backend>(
 
     // LM head and final norm.
     let mut dx = {
-        let dhead = grads
+        let mut dhead = grads
             .full
             .as_mut()
             .map(|gm| gm.lm_head.as_mut().unwrap_or(&mut gm.embed));
-        let mut dhead = dhead;
         let scaled = tempered(be, &h_final, opts.temperature)?;
         let hin = scaled.as_ref().unwrap_or(&h_final);
         // Restricted rows: their exact gradient here, and no full-softmax gradient below.

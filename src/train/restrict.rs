@@ -27,7 +27,7 @@ pub struct Restricted {
     pub targets: Vec<u32>,
 }
 
-/// `(max, logsumexp)` of `row` over `set` (the set's ids only).
+/// `logsumexp` of `row` over the ids in `set`.
 fn set_lse(row: &[f32], set: &TokenSet) -> f64 {
     let m = row
         .iter()
