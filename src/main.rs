@@ -15,14 +15,11 @@ fn main() {
     }
     match cli::run(args.command) {
         Ok(()) => {}
+        // A reader that stopped reading (`sorft model info DIR | head`) is not a failure.
+        Err(e) if cli::is_broken_pipe(&e) => {}
         Err(e) => {
             // One line: the error and its causes joined, never a panic or a backtrace.
-            let msg = e
-                .chain()
-                .map(|c| c.to_string())
-                .collect::<Vec<_>>()
-                .join(": ");
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", cli::one_line(&e));
             std::process::exit(1);
         }
     }

@@ -126,6 +126,7 @@ fn an_rl_run_stopped_and_resumed_reaches_the_same_weights_as_an_uninterrupted_on
         model: mdir.path().to_path_buf(),
         out: out.path().join(name),
         resume,
+        device: Some(sorft::engine::device::DeviceInfo::cpu(&Cpu, None)),
     };
     let never = AtomicBool::new(false);
     let a = run_rl(&Cpu, &run("a", false), &cfg, &items, &never, &mut |_| {}).unwrap();
@@ -170,6 +171,16 @@ fn an_rl_run_stopped_and_resumed_reaches_the_same_weights_as_an_uninterrupted_on
     let b = run_rl(&Cpu, &elsewhere, &cfg, &items, &never, &mut |_| {}).unwrap();
     assert_eq!(b.resumed_from, 1);
     assert_eq!(b.metrics.len(), 3, "metrics before the resume are kept");
+    // Each (re)start names its device in metrics.jsonl; resuming keeps the step lines exact.
+    let log = std::fs::read_to_string(out.path().join("b").join("metrics.jsonl")).unwrap();
+    let starts: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["event"] == "start")
+        .collect();
+    assert_eq!(starts.last().unwrap()["step"], 1);
+    assert_eq!(starts.last().unwrap()["device"]["device"], "cpu");
+    assert_eq!(log.lines().count() - starts.len(), 3);
     for (x, y) in a.metrics.iter().zip(&b.metrics) {
         assert_eq!((x.step, x.reward_mean, x.kl), (y.step, y.reward_mean, y.kl));
         assert_eq!(x.value_loss, y.value_loss);

@@ -6,12 +6,15 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
+use sorft::engine::device::DeviceInfo;
 use sorft::engine::rng::SplitMix;
-use sorft::engine::{Cpu, SamplingParams};
+use sorft::engine::{Backend, SamplingParams};
 use sorft::model::generate::{generate, GenOptions, GenRequest};
 use sorft::model::kv_cache::KvCache;
 use sorft::model::transformer::Step;
 use sorft::model::Model;
+
+use super::device::{run_on, DeviceArgs, Job};
 
 /// Arguments of `sorft bench`.
 #[derive(Args, Debug)]
@@ -23,7 +26,7 @@ pub struct BenchArgs {
 /// What to measure.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Prefill and greedy-decode throughput of a model on the CPU backend.
+    /// Prefill and greedy-decode throughput of a model.
     Model {
         /// Model directory.
         #[arg(long)]
@@ -40,6 +43,8 @@ pub enum BenchCommand {
         /// Repeats (the median is reported).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// CUDA kernel timings against copy and GEMM ceilings (needs a GPU).
     Kernels,
@@ -59,19 +64,41 @@ pub fn run(a: BenchArgs) -> Result<()> {
             new_tokens,
             batch,
             repeats,
-        } => bench_model(&model, prompt_len, new_tokens, &batch, repeats.max(1)),
+            device,
+        } => run_on(
+            device,
+            ModelBench {
+                dir: model,
+                prompt_len,
+                new_tokens,
+                batches: batch,
+                repeats: repeats.max(1),
+            },
+        ),
         BenchCommand::Kernels => super::kernel_bench::run(),
     }
 }
 
-fn bench_model(
-    dir: &std::path::Path,
+/// `sorft bench model`'s measurement.
+struct ModelBench {
+    dir: PathBuf,
     prompt_len: usize,
     new_tokens: usize,
-    batches: &[usize],
+    batches: Vec<usize>,
     repeats: usize,
-) -> Result<()> {
-    let m = Model::load(&Cpu, dir)?;
+}
+
+impl Job for ModelBench {
+    type Output = ();
+    fn run<B: Backend>(self, be: &B, dev: &DeviceInfo) -> Result<()> {
+        bench_model(be, dev, &self)
+    }
+}
+
+fn bench_model<B: Backend>(be: &B, dev: &DeviceInfo, b: &ModelBench) -> Result<()> {
+    let (dir, prompt_len, new_tokens, batches, repeats) =
+        (&b.dir, b.prompt_len, b.new_tokens, &b.batches, b.repeats);
+    let m = Model::load(be, dir)?;
     let v = m.config.vocab_size as u64;
     let mut rng = SplitMix::new(0);
     let prompt: Vec<u32> = (0..prompt_len.max(1))
@@ -125,7 +152,8 @@ fn bench_model(
         decode.insert(format!("batch_{b}"), serde_json::json!(tps));
     }
     let out = serde_json::json!({
-        "backend": "cpu",
+        "backend": dev.device,
+        "device": dev,
         "threads": rayon::current_num_threads(),
         "params": m.config.num_params(),
         "prefill_tokens": n,
@@ -133,6 +161,6 @@ fn bench_model(
         "decode_new_tokens": new_tokens,
         "decode_tokens_per_s": decode,
     });
-    println!("{out}");
+    super::print_out(&format!("{out}\n"))?;
     Ok(())
 }

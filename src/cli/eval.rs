@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use sorft::engine::Cpu;
+use sorft::engine::device::DeviceInfo;
+use sorft::engine::Backend;
 use sorft::model::load_dir;
 use sorft::rft::eval::{evaluate, EvalConfig, ModelAnswerer};
 use sorft::swe::instance::read_jsonl;
+
+use super::device::{run_on, DeviceArgs, Job};
 
 /// Arguments of `sorft eval`.
 #[derive(Args, Debug)]
@@ -50,11 +53,25 @@ pub struct EvalArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Runs `sorft eval`.
 pub fn run(a: EvalArgs) -> Result<()> {
-    let (model, tok) = load_dir(&Cpu, &a.model)?;
+    run_on(a.device, a)
+}
+
+impl Job for EvalArgs {
+    type Output = ();
+    fn run<B: Backend>(self, be: &B, dev: &DeviceInfo) -> Result<()> {
+        eval_on(be, dev, self)
+    }
+}
+
+fn eval_on<B: Backend>(be: &B, dev: &DeviceInfo, a: EvalArgs) -> Result<()> {
+    eprintln!("eval: on {}", dev.summary());
+    let (model, tok) = load_dir(be, &a.model)?;
     let tok = tok.with_context(|| format!("{}: tokenizer.json is needed", a.model.display()))?;
     let instances = read_jsonl(&a.instances)?;
     let cfg = EvalConfig {
@@ -97,7 +114,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
     }
     d.flush()?;
     let sum_path = a.out.with_extension("summary.json");
-    std::fs::write(&sum_path, serde_json::to_string_pretty(&summary)?)?;
-    println!("{}", serde_json::to_string(&summary)?);
+    let mut sum = serde_json::to_value(&summary)?;
+    sum["device"] = serde_json::to_value(dev)?;
+    std::fs::write(&sum_path, serde_json::to_string_pretty(&sum)?)?;
+    super::print_out(&format!("{}\n", serde_json::to_string(&sum)?))?;
     Ok(())
 }

@@ -7,10 +7,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Deserialize;
 
-use sorft::engine::{Cpu, SamplingParams};
+use sorft::engine::device::DeviceInfo;
+use sorft::engine::{Backend, SamplingParams};
 use sorft::model::chat::{self, Message};
 use sorft::model::generate::{generate, GenOptions, GenRequest};
 use sorft::model::{load_dir, Tokenizer};
+
+use super::device::{run_on, DeviceArgs, Job};
 
 /// Arguments of `sorft generate`.
 #[derive(Args, Debug)]
@@ -52,6 +55,8 @@ pub struct GenerateArgs {
     /// Print JSONL with ids and log-probs also for a single prompt.
     #[arg(long)]
     pub jsonl: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 #[derive(Deserialize)]
@@ -81,8 +86,19 @@ fn encode_prompt(
 
 /// Runs `sorft generate`.
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let backend = Cpu;
-    let (model, tok) = load_dir(&backend, &a.model)?;
+    run_on(a.device, a)
+}
+
+impl Job for GenerateArgs {
+    type Output = ();
+    fn run<B: Backend>(self, be: &B, dev: &DeviceInfo) -> Result<()> {
+        generate_on(be, dev, self)
+    }
+}
+
+fn generate_on<B: Backend>(backend: &B, dev: &DeviceInfo, a: GenerateArgs) -> Result<()> {
+    tracing::info!("generate on {}", dev.summary());
+    let (model, tok) = load_dir(backend, &a.model)?;
     let tok = tok.with_context(|| {
         format!(
             "{}: tokenizer.json is needed to generate text",

@@ -71,7 +71,7 @@ pub fn run() -> Result<()> {
     use super::device::{pick, DeviceChoice, Picked};
     let be = match pick(DeviceChoice::Cuda, DType::BF16) {
         Ok(Picked::Cuda(b)) => b,
-        Ok(Picked::Cpu) => bail!("no usable GPU, cannot benchmark kernels"),
+        Ok(Picked::Cpu(_)) => bail!("no usable GPU, cannot benchmark kernels"),
         Err(e) => bail!("no usable GPU, cannot benchmark kernels ({e})"),
     };
     let (free, total) = be.mem_info()?;

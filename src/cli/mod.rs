@@ -76,6 +76,41 @@ pub fn init_logging(verbose: u8) {
         .try_init();
 }
 
+/// An error and its causes joined into one line; a cause whose text the line already ends with
+/// (an error that prints its source itself) is not repeated.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for c in e.chain() {
+        let c = c.to_string();
+        if msg.ends_with(&c) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&c);
+    }
+    msg
+}
+
+/// Writes `text` to stdout at once. A closed pipe comes back as an error (never a panic, as
+/// `println!` would); `main` ends such a run quietly.
+pub fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut w = std::io::stdout().lock();
+    w.write_all(text.as_bytes())?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Whether an error comes from writing to a closed pipe (the reader went away).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// Runs one subcommand.
 pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
@@ -91,5 +126,28 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Sandbox(a) => sandbox::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Selftest(a) => selftest::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_the_message_already_shows_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found");
+        let e = sorft::model::error::ModelError::io("m", io);
+        let e = anyhow::Error::new(e).context("loading");
+        assert_eq!(one_line(&e), "loading: m: model directory not found");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(one_line(&e), "outer: inner");
+    }
+
+    #[test]
+    fn broken_pipes_are_recognised_through_context() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "closed");
+        let e = anyhow::Error::new(io).context("writing");
+        assert!(is_broken_pipe(&e));
+        assert!(!is_broken_pipe(&anyhow::anyhow!("other")));
     }
 }

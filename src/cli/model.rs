@@ -60,8 +60,8 @@ pub fn run(a: ModelArgs) -> Result<()> {
                     .collect::<Result<_>>()?
             };
             let s = init_model(preset, &out, seed, &texts)?;
-            println!(
-                "created {} ({:?} preset): {} parameters, {} layers, hidden {}, vocab {} (tokenizer {})",
+            super::print_out(&format!(
+                "created {} ({:?} preset): {} parameters, {} layers, hidden {}, vocab {} (tokenizer {})\n",
                 out.display(),
                 preset,
                 s.params,
@@ -69,14 +69,23 @@ pub fn run(a: ModelArgs) -> Result<()> {
                 s.config.hidden_size,
                 s.config.vocab_size,
                 s.tokenizer_vocab
-            );
+            ))?;
             Ok(())
         }
         ModelCommand::Info { dir } => info(&dir),
     }
 }
 
+/// Appends one formatted line to a `String`.
+macro_rules! outln {
+    ($out:expr, $($arg:tt)*) => {{
+        $out.push_str(&format!($($arg)*));
+        $out.push('\n');
+    }};
+}
+
 fn info(dir: &std::path::Path) -> Result<()> {
+    let mut out = String::new();
     let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
     let files = WeightFiles::open(dir)?;
     let mut dtypes: Vec<String> = files
@@ -90,9 +99,10 @@ fn info(dir: &std::path::Path) -> Result<()> {
         .values()
         .map(|e| e.shape.iter().product::<usize>())
         .sum();
-    println!("model:        {}", dir.display());
-    println!("architecture: {:?}", cfg.family);
-    println!(
+    outln!(out, "model:        {}", dir.display());
+    outln!(out, "architecture: {:?}", cfg.family);
+    outln!(
+        out,
         "shape:        {} layers, hidden {}, heads {} (kv {}), head_dim {}, mlp {}",
         cfg.num_layers,
         cfg.hidden_size,
@@ -101,7 +111,8 @@ fn info(dir: &std::path::Path) -> Result<()> {
         cfg.head_dim,
         cfg.intermediate_size
     );
-    println!(
+    outln!(
+        out,
         "vocab:        {} ({} embeddings), max positions {}, rope theta {}",
         cfg.vocab_size,
         if cfg.tie_word_embeddings {
@@ -112,23 +123,26 @@ fn info(dir: &std::path::Path) -> Result<()> {
         cfg.max_position_embeddings,
         cfg.rope_theta
     );
-    println!("parameters:   {} (stored: {stored})", cfg.num_params());
-    println!("dtypes:       {}", dtypes.join(", "));
-    println!("shards:       {}", files.shards.len());
+    outln!(out, "parameters:   {} (stored: {stored})", cfg.num_params());
+    outln!(out, "dtypes:       {}", dtypes.join(", "));
+    outln!(out, "shards:       {}", files.shards.len());
     for s in &files.shards {
-        println!("  {} ({} bytes)", s.path.display(), s.map.len());
+        outln!(out, "  {} ({} bytes)", s.path.display(), s.map.len());
     }
     let tp = dir.join("tokenizer.json");
     if tp.exists() {
         let t = Tokenizer::from_file(&tp)?;
         t.check_fits(cfg.vocab_size)?;
-        println!(
+        outln!(
+            out,
             "tokenizer:    {} tokens, stop ids {:?}",
             t.vocab_size(),
             t.stop_ids()
         );
     } else {
-        println!("tokenizer:    none");
+        outln!(out, "tokenizer:    none");
     }
+    // Written at once; a closed pipe (`| head`) is an error main treats as a quiet exit.
+    super::print_out(&out)?;
     Ok(())
 }

@@ -5,8 +5,12 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
+use sorft::engine::device::DeviceInfo;
+use sorft::engine::{Backend, Cuda};
 use sorft::pipeline::config::ReproConfig;
 use sorft::pipeline::repro::run_repro;
+
+use super::device::{dispatch, pick, pick_with, DTypeChoice, DeviceChoice, Job, Picked};
 
 /// Arguments of `sorft repro`.
 #[derive(Args, Debug)]
@@ -30,9 +34,49 @@ pub struct ReproArgs {
     /// from their checkpoints (the configuration must be the same).
     #[arg(long)]
     pub resume: bool,
-    /// Print the effective configuration and exit.
+    /// Print the effective configuration (and the device it resolves to) and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Where to run (same as `--set device=...`; default: the configuration's, `auto`).
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceChoice>,
+    /// GPU compute dtype (same as `--set dtype=...`; default: the configuration's, `bf16`).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DTypeChoice>,
+}
+
+/// The device line `--print-config` adds as a TOML comment: what `device` resolves to here.
+fn device_comment(cfg: &ReproConfig) -> String {
+    match pick_with(cfg.device, cfg.dtype.dtype(), |d| Cuda::new(0, d)) {
+        Ok(Picked::Cpu(why)) => format!(
+            "# device: {}\n",
+            DeviceInfo::cpu(&sorft::engine::Cpu, why).summary()
+        ),
+        Ok(Picked::Cuda(c)) => format!("# device: {}\n", DeviceInfo::cuda(&c).summary()),
+        Err(e) => format!("# device: unavailable ({e})\n"),
+    }
+}
+
+/// The reproduction as work for the picked backend.
+struct Repro {
+    args: ReproArgs,
+    cfg: ReproConfig,
+}
+
+impl Job for Repro {
+    type Output = sorft::pipeline::repro::ReproSummary;
+    fn run<B: Backend>(self, be: &B, dev: &DeviceInfo) -> Result<Self::Output> {
+        eprintln!("repro: on {}", dev.summary());
+        let a = &self.args;
+        run_repro(
+            be,
+            dev,
+            &self.cfg,
+            &a.out,
+            a.resume,
+            &super::interrupt::STOP,
+        )
+    }
 }
 
 /// Runs `sorft repro`.
@@ -41,11 +85,19 @@ pub fn run(a: ReproArgs) -> Result<()> {
     if let Some(s) = a.seed {
         sets.push(format!("seed={s}"));
     }
+    if let Some(d) = a.device {
+        sets.push(format!("device=\"{}\"", choice_name(d)));
+    }
+    if let Some(d) = a.dtype {
+        sets.push(format!("dtype=\"{}\"", choice_name(d)));
+    }
     let cfg = ReproConfig::load(a.quick, a.config.as_deref(), &sets)?;
     if a.print_config {
-        print!("{}", cfg.to_toml());
+        super::print_out(&format!("{}{}", cfg.to_toml(), device_comment(&cfg)))?;
         return Ok(());
     }
+    // The device first: `--device cuda` without a GPU is one line, before anything else.
+    let picked = pick(cfg.device, cfg.dtype.dtype())?;
     eprintln!(
         "effective configuration (saved as {}):\n{}",
         a.out.join("config.toml").display(),
@@ -53,14 +105,22 @@ pub fn run(a: ReproArgs) -> Result<()> {
     );
     let t = std::time::Instant::now();
     super::interrupt::install();
-    let s = run_repro(&cfg, &a.out, a.resume, &super::interrupt::STOP)?;
-    let report = std::fs::read_to_string(a.out.join("report.md")).unwrap_or_default();
-    println!("{report}");
+    let out = a.out.clone();
+    let s = dispatch(picked, Repro { args: a, cfg })?;
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap_or_default();
+    super::print_out(&format!("{report}\n"))?;
     eprintln!(
         "done in {:.0} s: {} stages evaluated; report at {}",
         t.elapsed().as_secs_f64(),
         s.stages.len(),
-        a.out.join("report.md").display()
+        out.join("report.md").display()
     );
     Ok(())
+}
+
+/// The lowercase name clap and the configuration use for a choice.
+fn choice_name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
 }

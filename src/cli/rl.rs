@@ -7,11 +7,14 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use sorft::engine::Cpu;
+use sorft::engine::device::DeviceInfo;
+use sorft::engine::Backend;
 use sorft::pipeline::augment::renamed_items;
 use sorft::rft::rl::{Algorithm, RlConfig};
 use sorft::rft::rl_run::{load_items, run_rl, RlRun};
 use sorft::swe::instance::read_jsonl;
+
+use super::device::{run_on, DeviceArgs, Job};
 
 /// Arguments of `sorft rl`.
 #[derive(Args, Debug)]
@@ -61,10 +64,23 @@ pub struct RlArgs {
     /// Resume from the newest good checkpoint in --out (a fresh run when there is none).
     #[arg(long)]
     pub resume: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Runs `sorft rl`.
 pub fn run(a: RlArgs) -> Result<()> {
+    run_on(a.device, a)
+}
+
+impl Job for RlArgs {
+    type Output = ();
+    fn run<B: Backend>(self, be: &B, dev: &DeviceInfo) -> Result<()> {
+        rl_on(be, dev, self)
+    }
+}
+
+fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
     let algorithm = match a.algorithm.to_ascii_lowercase().as_str() {
         "ppo" => Algorithm::Ppo,
         "grpo" => Algorithm::Grpo,
@@ -101,8 +117,10 @@ pub fn run(a: RlArgs) -> Result<()> {
         model: a.model.clone(),
         out: a.out.clone(),
         resume: a.resume,
+        device: Some(dev.clone()),
     };
-    let out = run_rl(&Cpu, &run, &cfg, &items, &super::interrupt::STOP, &mut |m| {
+    eprintln!("rl: on {}", dev.summary());
+    let out = run_rl(be, &run, &cfg, &items, &super::interrupt::STOP, &mut |m| {
         eprintln!(
             "step {}/{}: reward {:.3} (std {:.3}) kl {:.4} entropy {:.3} clip {:.3} | rollout {:.1}s reward {:.2}s train {:.1}s",
             m.step, cfg.steps, m.reward_mean, m.reward_std, m.kl, m.entropy, m.clip_frac,

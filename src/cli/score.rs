@@ -5,8 +5,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use sorft::engine::{Backend, Cpu};
-use sorft::model::load_dir;
+use sorft::engine::device::DeviceInfo;
+use sorft::engine::Backend;
+use sorft::model::kv_cache::KvCache;
+use sorft::model::transformer::Step;
+use sorft::model::{load_dir, Model};
+
+use super::device::{run_on, DeviceArgs, Job};
 
 /// Arguments of `sorft score`.
 #[derive(Args, Debug)]
@@ -20,9 +25,12 @@ pub struct ScoreArgs {
     /// Token ids, comma-separated.
     #[arg(long)]
     pub ids: Option<String>,
-    /// Also list the K most likely next tokens at each position.
+    /// Also list the K most likely tokens at each position, and after the last one (`next`:
+    /// with one token, the next-token distribution).
     #[arg(long, default_value_t = 0)]
     pub top: usize,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Parses `1,2,3`.
@@ -39,8 +47,19 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 
 /// Runs `sorft score`.
 pub fn run(a: ScoreArgs) -> Result<()> {
-    let backend = Cpu;
-    let (model, tok) = load_dir(&backend, &a.model)?;
+    run_on(a.device, a)
+}
+
+impl Job for ScoreArgs {
+    type Output = ();
+    fn run<B: Backend>(self, be: &B, dev: &DeviceInfo) -> Result<()> {
+        score_on(be, dev, self)
+    }
+}
+
+fn score_on<B: Backend>(backend: &B, dev: &DeviceInfo, a: ScoreArgs) -> Result<()> {
+    tracing::info!("score on {}", dev.summary());
+    let (model, tok) = load_dir(backend, &a.model)?;
     let ids = match (&a.ids, &a.text) {
         (Some(s), _) => parse_ids(s)?,
         (None, Some(path)) => {
@@ -56,7 +75,8 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         }
         (None, None) => bail!("give --text or --ids"),
     };
-    let (lps, lsm) = model.score(&ids)?;
+    let (lps, rows) = score_rows(&model, &ids)?;
+    let v = model.config.vocab_size;
     let mut logprobs: Vec<serde_json::Value> = vec![serde_json::Value::Null];
     logprobs.extend(lps.iter().map(|&x| serde_json::json!(x)));
     let mut out = serde_json::json!({ "tokens": ids, "logprobs": logprobs });
@@ -68,10 +88,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         out["strings"] = serde_json::json!(strings);
     }
     if a.top > 0 {
-        let host = backend.to_host_f32(&lsm)?;
-        let v = model.config.vocab_size;
-        let mut top = vec![serde_json::Value::Null];
-        for row in host.chunks(v) {
+        let top_of = |row: &[f32]| -> serde_json::Value {
             let mut idx: Vec<usize> = (0..v).collect();
             idx.sort_by(|&x, &y| row[y].total_cmp(&row[x]).then(x.cmp(&y)));
             let entries: Vec<serde_json::Value> = idx
@@ -85,10 +102,51 @@ pub fn run(a: ScoreArgs) -> Result<()> {
                     e
                 })
                 .collect();
-            top.push(serde_json::Value::Array(entries));
+            serde_json::Value::Array(entries)
+        };
+        // Row i predicts token i + 1; the last row is the distribution after the whole input.
+        let mut top = vec![serde_json::Value::Null];
+        let n = ids.len();
+        for row in rows.chunks(v).take(n - 1) {
+            top.push(top_of(row));
         }
         out["top"] = serde_json::Value::Array(top);
+        out["next"] = top_of(&rows[(n - 1) * v..]);
     }
-    println!("{out}");
+    super::print_out(&format!("{out}\n"))?;
     Ok(())
+}
+
+/// Log-probabilities of tokens 1.. of `ids` and the log-softmax rows after every token (the
+/// last row is the next-token distribution), from one prefill.
+fn score_rows<B: Backend>(model: &Model<B>, ids: &[u32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    let n = ids.len();
+    if n == 0 {
+        bail!("nothing to score: give at least one token");
+    }
+    if n > model.config.max_position_embeddings {
+        bail!(
+            "{n} tokens exceed max_position_embeddings {}",
+            model.config.max_position_embeddings
+        );
+    }
+    let be = &model.backend;
+    let mut cache = KvCache::new(be, &model.config, 1, n)?;
+    let slots = vec![0u32; n];
+    let positions: Vec<u32> = (0..n as u32).collect();
+    let logits = model.forward(
+        &mut cache,
+        &Step {
+            ids,
+            slots: &slots,
+            positions: &positions,
+            logit_rows: &positions,
+        },
+    )?;
+    let rows = be.to_host_f32(&be.log_softmax(&logits)?)?;
+    let v = model.config.vocab_size;
+    let lps = (1..n)
+        .map(|i| rows[(i - 1) * v + ids[i] as usize])
+        .collect();
+    Ok((lps, rows))
 }

@@ -7,9 +7,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use sorft::engine::Cpu;
+use sorft::engine::device::DeviceInfo;
+use sorft::engine::Backend;
 use sorft::train::optim::OptimConfig;
 use sorft::train::sft::{run_sft, Resume, SftConfig, SftEvent};
+
+use super::device::{run_on, DeviceArgs, Job};
 
 /// Arguments of `sorft sft`.
 #[derive(Args, Debug)]
@@ -98,10 +101,23 @@ pub struct SftArgs {
     /// No progress bar (log lines instead).
     #[arg(long)]
     pub no_progress: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Runs `sorft sft`.
 pub fn run(a: SftArgs) -> Result<()> {
+    run_on(a.device, a)
+}
+
+impl Job for SftArgs {
+    type Output = ();
+    fn run<B: Backend>(self, be: &B, dev: &DeviceInfo) -> Result<()> {
+        sft_on(be, dev, self)
+    }
+}
+
+fn sft_on<B: Backend>(be: &B, dev: &DeviceInfo, a: SftArgs) -> Result<()> {
     let cfg = SftConfig {
         model: a.model.clone(),
         data: a.data.clone(),
@@ -143,6 +159,11 @@ pub fn run(a: SftArgs) -> Result<()> {
         "sft: effective config {}",
         serde_json::to_string(&cfg).unwrap_or_default()
     );
+    eprintln!("sft: on {}", dev.summary());
+    std::fs::create_dir_all(&a.out).with_context(|| a.out.display().to_string())?;
+    let dev_path = a.out.join("device.json");
+    std::fs::write(&dev_path, serde_json::to_string_pretty(dev)?)
+        .with_context(|| dev_path.display().to_string())?;
     super::interrupt::install();
     let bar = if a.no_progress {
         ProgressBar::hidden()
@@ -192,7 +213,7 @@ pub fn run(a: SftArgs) -> Result<()> {
         }
         SftEvent::Message(s) => bar.println(format!("sft: {s}")),
     };
-    let out = run_sft(&Cpu, &cfg, resume, &super::interrupt::STOP, &mut on)
+    let out = run_sft(be, &cfg, resume, &super::interrupt::STOP, &mut on)
         .with_context(|| format!("sft on {}", a.data.display()))?;
     bar.finish_and_clear();
     if out.interrupted {

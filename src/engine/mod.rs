@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod rng;

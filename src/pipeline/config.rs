@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::device::{DTypeChoice, DeviceChoice};
 use crate::model::init::Preset;
 use crate::rft::eval::EvalConfig;
 use crate::rft::rl::RlConfig;
@@ -112,6 +113,10 @@ impl Default for Stage1Config {
 pub struct ReproConfig {
     /// Seed of every random choice.
     pub seed: u64,
+    /// Where to compute: `auto` (the GPU when usable, else the CPU), `cpu` or `cuda`.
+    pub device: DeviceChoice,
+    /// The GPU's compute dtype, `bf16` or `f32` (the CPU computes in f32).
+    pub dtype: DTypeChoice,
     /// The task set.
     pub data: DataConfig,
     /// The model.
@@ -128,6 +133,8 @@ impl Default for ReproConfig {
     fn default() -> Self {
         Self {
             seed: 0,
+            device: DeviceChoice::Auto,
+            dtype: DTypeChoice::Bf16,
             data: DataConfig::default(),
             model: ModelSection::default(),
             stage1: Stage1Config::default(),
@@ -270,6 +277,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.seed, 9);
+        assert_eq!(c.device, DeviceChoice::Auto);
+        let d =
+            ReproConfig::load(false, None, &["device=\"cpu\"".into(), "dtype=f32".into()]).unwrap();
+        assert_eq!((d.device, d.dtype), (DeviceChoice::Cpu, DTypeChoice::F32));
+        assert!(ReproConfig::load(false, None, &["device=tpu".into()]).is_err());
         assert_eq!(c.stage2.steps, 3);
         assert_eq!(c.stage2.algorithm, crate::rft::rl::Algorithm::Ppo);
         assert_eq!(c.stage1.epochs, 7);

@@ -14,8 +14,9 @@ use std::time::Instant;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::engine::device::DeviceInfo;
 use crate::engine::rng::{random_u64, SplitMix};
-use crate::engine::{Cpu, SamplingParams};
+use crate::engine::{Backend, SamplingParams};
 use crate::model::chat::{self, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::init::{init_model, EMBEDDED_CORPUS};
@@ -138,7 +139,8 @@ fn text_jsonl(path: &Path, docs: &[String]) -> anyhow::Result<()> {
 
 /// One SFT phase. A finished phase of a resumed run is reused; an unfinished one continues from
 /// its newest checkpoint; without `resume` the phase starts afresh (old outputs removed).
-fn sft(
+fn sft<B: Backend>(
+    be: &B,
     status: &Status,
     label: &str,
     cfg: SftConfig,
@@ -159,7 +161,7 @@ fn sft(
     } else {
         Resume::No
     };
-    let res = run_sft(&Cpu, &cfg, how, stop, &mut |e| {
+    let res = run_sft(be, &cfg, how, stop, &mut |e| {
         if let SftEvent::Step(m) = e {
             status.detail(format!(
                 "{label}: step {} loss {:.3} {:.0} tok/s",
@@ -178,8 +180,8 @@ fn sft(
 /// Mean reward per subtask of `model` on held-out ground-truth prompts, and why answers scored
 /// zero: greedy with `samples == 0`, else the mean over `samples` responses per prompt drawn at
 /// the stage-2 rollout temperature (each prompt's seeds fixed by the run's seed).
-fn subtask_rewards(
-    model: &Model<Cpu>,
+fn subtask_rewards<B: Backend>(
+    model: &Model<B>,
     tok: &Tokenizer,
     recs: &[SubtaskRecord],
     cfg: &ReproConfig,
@@ -277,8 +279,11 @@ fn reward_table(
 /// Runs the whole reproduction into `out`. With `resume`, the phases a previous run of the same
 /// configuration finished are reused (warm-up, stage-1 SFT), unfinished SFT runs continue from
 /// their checkpoints and stage 2 from its newest checkpoint; `stop` (Ctrl-C) ends a long phase with
-/// a checkpoint.
-pub fn run_repro(
+/// a checkpoint. Everything computes on `be`, which `dev` describes (in `metrics.jsonl` and the
+/// report).
+pub fn run_repro<B: Backend>(
+    be: &B,
+    dev: &DeviceInfo,
     cfg: &ReproConfig,
     out: &Path,
     resume: bool,
@@ -300,6 +305,7 @@ pub fn run_repro(
     let status = Status::new();
     let mut seconds = BTreeMap::new();
     let mut metrics = std::io::BufWriter::new(std::fs::File::create(out.join("metrics.jsonl"))?);
+    writeln!(metrics, "{}", crate::rft::rl_run::start_line(dev, 0)?)?;
 
     // ---- data ----
     let t = Instant::now();
@@ -380,7 +386,7 @@ pub fn run_repro(
     } else {
         let dir = PathBuf::from(&cfg.model.base);
         let (_, tok) =
-            load_dir(&Cpu, &dir).with_context(|| format!("model.base {}", dir.display()))?;
+            load_dir(be, &dir).with_context(|| format!("model.base {}", dir.display()))?;
         tok.with_context(|| format!("model.base {}: no tokenizer.json", dir.display()))?;
         dir
     };
@@ -431,6 +437,7 @@ pub fn run_repro(
         initial.clone()
     } else {
         sft(
+            be,
             &status,
             "warm-up",
             sft_cfg(
@@ -490,6 +497,7 @@ pub fn run_repro(
     let s1_data = out.join("stage1_sft.jsonl");
     chat_jsonl(&s1_data, &kept)?;
     let sft_dir = sft(
+        be,
         &status,
         "stage 1",
         sft_cfg(
@@ -520,11 +528,12 @@ pub fn run_repro(
         random_u64(cfg.seed, 0xa09, 3),
     )?;
     let rl = run_rl(
-        &Cpu,
+        be,
         &RlRun {
             model: sft_dir.clone(),
             out: stage2_out,
             resume,
+            device: Some(dev.clone()),
         },
         &rl_cfg,
         &rl_items,
@@ -553,7 +562,7 @@ pub fn run_repro(
     status.phase("evaluation: three checkpoints on the held-out repositories");
     let mut stages = Vec::new();
     for (name, dir) in [("initial", &warm), ("sft", &sft_dir), ("sft+rl", &rl_dir)] {
-        let (model, tok) = load_dir(&Cpu, dir)?;
+        let (model, tok) = load_dir(be, dir)?;
         let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
         status.detail(format!("evaluation: {name}: subtask rewards"));
         let (subtask_reward, zero_reasons) =
@@ -625,12 +634,17 @@ pub fn run_repro(
         seconds,
         instances: (train.len(), held.len()),
     };
-    write_report(cfg, out, &summary)?;
+    write_report(cfg, dev, out, &summary)?;
     status.bar.finish_and_clear();
     Ok(summary)
 }
 
-fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Result<()> {
+fn write_report(
+    cfg: &ReproConfig,
+    dev: &DeviceInfo,
+    out: &Path,
+    s: &ReproSummary,
+) -> anyhow::Result<()> {
     let steps: Vec<f64> = s.rl.iter().map(|m| m.step as f64).collect();
     let series = |name: &str, f: &dyn Fn(&RlMetrics) -> f64| Series {
         name: name.into(),
@@ -729,6 +743,7 @@ fn write_report(cfg: &ReproConfig, out: &Path, s: &ReproSummary) -> anyhow::Resu
             cfg.model.base.clone()
         }, s.instances.0, s.instances.1, cfg.stage2.algorithm, cfg.stage2.steps
     ));
+    md.push_str(&format!("Device: {}.\n\n", dev.summary()));
     md.push_str(&format!(
         "Decoding: {}.\n\n",
         match (cfg.eval.constrain, cfg.eval.ground, cfg.eval.faithful) {

@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 
+use crate::engine::device::DeviceInfo;
 use crate::engine::Backend;
 use crate::model::load_dir;
 use crate::rft::rl::{export_policy, RlConfig, RlItem, RlMetrics, RlTrainer};
 use crate::train::checkpoint;
 
 /// Where a run reads and writes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct RlRun {
     /// The starting policy (the stage-1 model), which is also the frozen reference.
     pub model: PathBuf,
@@ -23,6 +24,9 @@ pub struct RlRun {
     pub out: PathBuf,
     /// Resume from the newest good checkpoint in `out/checkpoints` (a fresh run when there is none).
     pub resume: bool,
+    /// What the run runs on: written as an `{"event": "start", ...}` line to `metrics.jsonl` at
+    /// every (re)start.
+    pub device: Option<DeviceInfo>,
 }
 
 /// What a run produced.
@@ -43,7 +47,12 @@ fn read_metrics(path: &Path, step: usize) -> Vec<(String, RlMetrics)> {
     };
     text.lines()
         .filter_map(|l| {
-            let m: RlMetrics = serde_json::from_str(l).ok()?;
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            if v.get("event").is_some() {
+                // A start line (device): kept by [`start_line`]'s caller only for its own start.
+                return None;
+            }
+            let m: RlMetrics = serde_json::from_value(v).ok()?;
             (m.step <= step).then(|| (l.to_string(), m))
         })
         .collect()
@@ -87,6 +96,9 @@ pub fn run_rl<B: Backend>(
         .append(true)
         .open(&metrics_path)
         .with_context(|| metrics_path.display().to_string())?;
+    if let Some(dev) = &run.device {
+        writeln!(log, "{}", start_line(dev, trainer.step)?)?;
+    }
     let mut saved_at = trainer.step;
     // Every rollout's response and reward, for reading what the policy writes.
     let rollouts_path = run.out.join("rollouts.jsonl");
@@ -127,6 +139,13 @@ pub fn run_rl<B: Backend>(
         final_dir: Some(final_dir),
         resumed_from,
     })
+}
+
+/// The `metrics.jsonl` line that opens a (resumed) run: the step it starts from and its device.
+pub fn start_line(dev: &DeviceInfo, step: usize) -> anyhow::Result<String> {
+    let mut v = serde_json::json!({ "event": "start", "step": step });
+    v["device"] = serde_json::to_value(dev)?;
+    Ok(v.to_string())
 }
 
 /// The stage-2 prompts of `instances` (one per subtask with ground truth), from the mirrors in
