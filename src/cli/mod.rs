@@ -9,6 +9,7 @@ pub mod generate;
 pub mod interrupt;
 pub mod kernel_bench;
 pub mod model;
+pub mod plan;
 pub mod repro;
 pub mod rl;
 pub mod sandbox;
@@ -45,6 +46,8 @@ pub enum Command {
     Score(score::ScoreArgs),
     /// Create or describe models.
     Model(model::ModelArgs),
+    /// Memory budget of one RL step on a GPU (per component) and whether it fits.
+    Plan(plan::PlanArgs),
     /// Measure speed (prefill and decode tokens/s).
     Bench(bench::BenchArgs),
     /// Datasets: generate synthetic instances, build subtask records, summarise files.
@@ -119,6 +122,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Model(a) => model::run(a),
+        Command::Plan(a) => plan::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Data(a) => data::run(a),
         Command::Sft(a) => sft::run(a),

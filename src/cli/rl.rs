@@ -100,6 +100,20 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
         prompt_renames: a.prompt_renames,
         ..RlConfig::default()
     };
+    if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {
+        // Stop before loading anything when the step cannot fit.
+        let input = sorft::model::plan::PlanInput {
+            lora_rank: 0,
+            seq: cfg.max_prompt_tokens + cfg.max_new_tokens,
+            rollout_seqs: cfg.rollout_batch,
+            train_seqs: cfg.minibatch,
+            dtype_bytes: if dev.dtype == "bf16" { 2 } else { 4 },
+            chunk_rows: 256,
+            recompute: false,
+            gpu_bytes,
+        };
+        super::plan::check(&a.model, &input)?;
+    }
     let instances = read_jsonl(&a.instances)?;
     let items = renamed_items(
         &load_items(&instances, &a.repos)?,

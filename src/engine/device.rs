@@ -55,6 +55,8 @@ pub struct DeviceInfo {
     pub kernels: Option<String>,
     /// Why `auto` fell back to the CPU, when it did.
     pub fallback: Option<String>,
+    /// Total GPU memory in bytes, when on a GPU.
+    pub memory: Option<u64>,
 }
 
 impl DeviceInfo {
@@ -67,6 +69,7 @@ impl DeviceInfo {
             dtype: "f32".into(),
             kernels: None,
             fallback,
+            memory: None,
         }
     }
 
@@ -85,6 +88,7 @@ impl DeviceInfo {
             dtype: c.dtype().name().to_ascii_lowercase(),
             kernels: Some(c.load_summary()),
             fallback: None,
+            memory: c.mem_info().ok().map(|(_, total)| total as u64),
         }
     }
 

@@ -9,6 +9,7 @@ pub mod error;
 pub mod generate;
 pub mod init;
 pub mod kv_cache;
+pub mod plan;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
