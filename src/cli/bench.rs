@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use sorft::engine::device::DeviceInfo;
 use sorft::engine::rng::SplitMix;
 use sorft::engine::{Backend, SamplingParams};
-use sorft::model::generate::{generate, GenOptions, GenRequest};
+use sorft::model::generate::{generate, generate_with_stats, GenOptions, GenRequest};
 use sorft::model::kv_cache::KvCache;
 use sorft::model::transformer::Step;
 use sorft::model::Model;
@@ -43,6 +43,12 @@ pub enum BenchCommand {
         /// Repeats (the median is reported).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        /// Samples per prompt of the group rollout measurement (0: skip it).
+        #[arg(long, default_value_t = 4)]
+        group: usize,
+        /// Distinct prompts of the group rollout measurement.
+        #[arg(long, default_value_t = 8)]
+        group_prompts: usize,
         #[command(flatten)]
         device: DeviceArgs,
     },
@@ -64,6 +70,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             new_tokens,
             batch,
             repeats,
+            group,
+            group_prompts,
             device,
         } => run_on(
             device,
@@ -73,6 +81,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 new_tokens,
                 batches: batch,
                 repeats: repeats.max(1),
+                group,
+                group_prompts: group_prompts.max(1),
             },
         ),
         BenchCommand::Kernels => super::kernel_bench::run(),
@@ -86,6 +96,8 @@ struct ModelBench {
     new_tokens: usize,
     batches: Vec<usize>,
     repeats: usize,
+    group: usize,
+    group_prompts: usize,
 }
 
 impl Job for ModelBench {
@@ -151,7 +163,13 @@ fn bench_model<B: Backend>(be: &B, dev: &DeviceInfo, b: &ModelBench) -> Result<(
         let tps = (b.max(1) * new_tokens) as f64 / median(times);
         decode.insert(format!("batch_{b}"), serde_json::json!(tps));
     }
+    let group = if b.group > 0 {
+        group_rollout(&m, &prompt, b)?
+    } else {
+        serde_json::Value::Null
+    };
     let out = serde_json::json!({
+        "group_rollout": group,
         "backend": dev.device,
         "device": dev,
         "threads": rayon::current_num_threads(),
@@ -163,4 +181,67 @@ fn bench_model<B: Backend>(be: &B, dev: &DeviceInfo, b: &ModelBench) -> Result<(
     });
     super::print_out(&format!("{out}\n"))?;
     Ok(())
+}
+
+/// A stage-2-like rollout (`group_prompts` prompts, `group` samples each at temperature 0.7,
+/// 16 sequences decoded together) with a prefill per sample and with one shared prefill per
+/// group, in the same run: generated tokens per second of wall time (prefill included) and the
+/// prompt tokens prefilled.
+fn group_rollout<B: Backend>(
+    m: &Model<B>,
+    prompt: &[u32],
+    b: &ModelBench,
+) -> Result<serde_json::Value> {
+    let v = m.config.vocab_size as u32;
+    let mut reqs = Vec::new();
+    for p in 0..b.group_prompts {
+        let ids: Vec<u32> = prompt.iter().map(|&t| (t + p as u32) % v).collect();
+        for k in 0..b.group {
+            reqs.push(GenRequest {
+                prompt: ids.clone(),
+                params: SamplingParams {
+                    temperature: 0.7,
+                    top_k: 0,
+                    top_p: 1.0,
+                    seed: (p * b.group + k) as u64,
+                },
+                max_new_tokens: b.new_tokens,
+                ..Default::default()
+            });
+        }
+    }
+    let opts = GenOptions {
+        max_batch: 16,
+        progress: false,
+    };
+    let mut res = serde_json::Map::new();
+    let mut tps = [0.0f64; 2];
+    for (i, (name, share)) in [("separate", false), ("shared", true)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut times = Vec::new();
+        let mut stats = Default::default();
+        for _ in 0..b.repeats.min(3) {
+            let t = Instant::now();
+            stats = generate_with_stats(m, None, &reqs, &opts, share)?.1;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        tps[i] = stats.generated_tokens as f64 / median(times);
+        res.insert(
+            name.to_string(),
+            serde_json::json!({
+                "generated_tokens_per_s": tps[i],
+                "prefill_tokens": stats.prefill_tokens,
+                "generated_tokens": stats.generated_tokens,
+            }),
+        );
+    }
+    res.insert("group".into(), serde_json::json!(b.group));
+    res.insert("prompts".into(), serde_json::json!(b.group_prompts));
+    res.insert(
+        "speedup".into(),
+        serde_json::json!(tps[1] / tps[0].max(1e-12)),
+    );
+    Ok(serde_json::Value::Object(res))
 }

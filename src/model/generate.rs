@@ -1,13 +1,19 @@
 //! Batched generation: each request is prefilled into a free KV-cache slot, then all active
 //! sequences decode one token per step together; a slot is refilled as soon as its sequence ends
 //! (continuous batching). Per-sequence sampling parameters; results do not depend on the batch.
+//!
+//! Requests with the same prompt share one prefill (the G samples of a GRPO group): a slot
+//! remembers the prompt it was prefilled with and its last-row logits; a later request with that
+//! prompt copies the slot's cached keys and values (or reuses them in place) instead of running
+//! the prompt through the model again. Prefill is per request and deterministic, so the outputs
+//! are the same bits either way.
 
 use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
 use crate::engine::sampling::Sampled;
-use crate::engine::{Backend, SamplingParams, Tensor};
+use crate::engine::{Backend, HostData, SamplingParams, Tensor};
 use crate::model::constraint::{sample_masked, token_pieces, TokenConstraint, TokenSet};
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
@@ -149,6 +155,49 @@ fn validate<B: Backend>(
     Ok(())
 }
 
+/// What a generation call computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GenStats {
+    /// Prompt tokens run through the model.
+    pub prefill_tokens: usize,
+    /// Requests whose prompt's keys and values came from another request's prefill.
+    pub shared_prefills: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+}
+
+/// The prefill a slot's cache holds: its prompt and the logits after it.
+struct Prefilled<B: Backend> {
+    prompt: Vec<u32>,
+    logits: Arc<Tensor<B>>,
+}
+
+/// Copies positions `0..n` of slot `from` to slot `to` in every layer's keys and values.
+fn copy_prefix<B: Backend>(
+    be: &B,
+    cache: &mut KvCache<B>,
+    from: usize,
+    to: usize,
+    n: usize,
+) -> Result<()> {
+    let max_seq = cache.max_seq;
+    let rows: Vec<u32> = (0..n).map(|j| (from * max_seq + j) as u32).collect();
+    let rows = be.upload(HostData::U32(&rows), &[n])?;
+    let slots = be.upload(HostData::U32(&vec![to as u32; n]), &[n])?;
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let pos = be.upload(HostData::U32(&pos), &[n])?;
+    for t in cache.k.iter_mut().chain(cache.v.iter_mut()) {
+        let shape = t.shape().to_vec();
+        let f = shape.last().copied().unwrap_or(0);
+        let placeholder = be.zeros(&[1], t.dtype())?;
+        let flat = std::mem::replace(t, placeholder).reshape(&[shape[0] * max_seq, f])?;
+        let src = be.gather_rows(&flat, &rows);
+        *t = flat.reshape(&shape)?;
+        be.kv_write(t, &src?, &slots, &pos)?;
+    }
+    Ok(())
+}
+
 /// Generates a continuation for every request; outputs come back in request order.
 pub fn generate<B: Backend>(
     model: &Model<B>,
@@ -156,10 +205,23 @@ pub fn generate<B: Backend>(
     reqs: &[GenRequest],
     opts: &GenOptions,
 ) -> Result<Vec<GenOutput>> {
+    Ok(generate_with_stats(model, tok, reqs, opts, true)?.0)
+}
+
+/// [`generate`], also counting what was computed; `share_prefill` lets requests with the same
+/// prompt share one prefill (off: every request prefills its own prompt).
+pub fn generate_with_stats<B: Backend>(
+    model: &Model<B>,
+    tok: Option<&Tokenizer>,
+    reqs: &[GenRequest],
+    opts: &GenOptions,
+    share_prefill: bool,
+) -> Result<(Vec<GenOutput>, GenStats)> {
     validate(model, tok, reqs)?;
     let mut outputs: Vec<Option<GenOutput>> = vec![None; reqs.len()];
+    let mut stats = GenStats::default();
     if reqs.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), stats));
     }
     let max_seq = reqs
         .iter()
@@ -184,6 +246,7 @@ pub fn generate<B: Backend>(
         _ => Vec::new(),
     };
     let mut slots: Vec<Option<Active>> = (0..n_slots).map(|_| None).collect();
+    let mut held: Vec<Option<Prefilled<B>>> = (0..n_slots).map(|_| None).collect();
     let mut next = 0usize;
     let mut generated = 0usize;
     let start = std::time::Instant::now();
@@ -207,17 +270,45 @@ pub fn generate<B: Backend>(
                     continue;
                 }
                 let n = r.prompt.len();
-                let sl = vec![slot as u32; n];
-                let pos: Vec<u32> = (0..n as u32).collect();
-                let logits = model.forward(
-                    &mut cache,
-                    &Step {
-                        ids: &r.prompt,
-                        slots: &sl,
-                        positions: &pos,
-                        logit_rows: &[n as u32 - 1],
-                    },
-                )?;
+                // A slot already holding this prompt's prefill: this one, else any other.
+                let source = if share_prefill {
+                    std::iter::once(slot)
+                        .chain(0..n_slots)
+                        .find(|&p| held[p].as_ref().is_some_and(|h| h.prompt == r.prompt))
+                } else {
+                    None
+                };
+                let logits = match source {
+                    Some(p) => {
+                        if p != slot {
+                            copy_prefix(&model.backend, &mut cache, p, slot, n)?;
+                        }
+                        stats.shared_prefills += 1;
+                        held[p].as_ref().map(|h| h.logits.clone())
+                    }
+                    None => None,
+                };
+                let logits = match logits {
+                    Some(l) => l,
+                    None => {
+                        let sl = vec![slot as u32; n];
+                        let pos: Vec<u32> = (0..n as u32).collect();
+                        stats.prefill_tokens += n;
+                        Arc::new(model.forward(
+                            &mut cache,
+                            &Step {
+                                ids: &r.prompt,
+                                slots: &sl,
+                                positions: &pos,
+                                logit_rows: &[n as u32 - 1],
+                            },
+                        )?)
+                    }
+                };
+                held[slot] = Some(Prefilled {
+                    prompt: r.prompt.clone(),
+                    logits: logits.clone(),
+                });
                 let mut s = model.backend.sample(&logits, &[r.params], &[0])?;
                 let steps = constrain(model, tok, &pieces, &logits, &[(r, &[][..])], &mut s)?;
                 let mut a = Active {
@@ -302,11 +393,13 @@ pub fn generate<B: Backend>(
         bar.set_message(format!("{:.0} tok/s", generated as f64 / secs));
     }
     bar.finish_and_clear();
-    outputs
+    stats.generated_tokens = generated;
+    let outs = outputs
         .into_iter()
         .enumerate()
         .map(|(i, o)| o.ok_or_else(|| ModelError::Input(format!("request {i} produced no output"))))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    Ok((outs, stats))
 }
 
 /// Re-samples the rows whose request has an active constraint, on the host, from masked logits;
