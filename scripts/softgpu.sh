@@ -31,7 +31,7 @@ mkdir -p "$out/gen" "$out/lib" "$cache"
 modules=$(python3 "$src/gen.py" "$kernels" "$out/gen")
 
 cxx=(g++ -std=c++17 -O1 -g -fPIC -fno-strict-aliasing -ffp-contract=off -fvisibility=hidden)
-kflags=(-fsanitize=thread --param tsan-instrument-func-entry-exit=0 -I "$src" -I "$kernels")
+kflags=(-fvisibility=default -fsanitize=thread --param tsan-instrument-func-entry-exit=0 -I "$src" -I "$kernels")
 key() { cat "$@" | sha256sum | cut -c1-32; }
 flags_file=$out/gen/flags
 echo "${cxx[*]} ${kflags[*]}" >"$flags_file"

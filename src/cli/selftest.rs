@@ -38,6 +38,10 @@ pub struct SelftestArgs {
     /// Skip the whole-model checks.
     #[arg(long)]
     pub no_model: bool,
+    /// Smaller sampling checks (64 rows x 6 draws over a 4,096-token vocabulary instead of
+    /// 512 x 40 over 151,936), for the software GPU of tests/softgpu that runs kernels on the CPU.
+    #[arg(long)]
+    pub quick: bool,
 }
 
 /// Relative tolerance of a dtype (`|got - want| <= tol * (|want| + rms(want))`).
@@ -137,7 +141,7 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     let mut checks = Checks::default();
     match a.device {
         Device::Cpu => {
-            sampling_checks(&Cpu, "cpu", 4096, a.seed, &mut checks)?;
+            sampling_checks(&Cpu, "cpu", 4096, (512, 40), a.seed, &mut checks)?;
         }
         Device::Cuda => {
             let gpu = match Cuda::new(0, DType::F32) {
@@ -151,7 +155,12 @@ pub fn run(a: SelftestArgs) -> Result<()> {
                 kernel_checks(&be, a.seed, &mut checks)?;
             }
             let be = gpu.with_dtype(DType::BF16)?;
-            sampling_checks(&be, "cuda", 151_936, a.seed, &mut checks)?;
+            let (vocab, rows_draws) = if a.quick {
+                (4096, (64, 6))
+            } else {
+                (151_936, (512, 40))
+            };
+            sampling_checks(&be, "cuda", vocab, rows_draws, a.seed, &mut checks)?;
             if !a.no_model {
                 model_checks(&gpu, &mut checks)?;
             }
@@ -701,11 +710,11 @@ fn sampling_checks<B: Backend>(
     be: &B,
     tag: &str,
     vocab: usize,
+    (rows, draws): (usize, usize),
     seed: u64,
     c: &mut Checks,
 ) -> Result<()> {
     let mut rng = SplitMix::new(seed ^ 0x5A3B_1E00);
-    let rows = 512usize;
     // a row with a clear head: a few large logits over a low noise floor, so that top-k/top-p
     // sets are small (the exact path of the GPU sampler)
     let mut row: Vec<f32> = (0..vocab).map(|_| rng.next_normal() as f32 - 8.0).collect();
@@ -765,7 +774,6 @@ fn sampling_checks<B: Backend>(
         ),
     ];
     for (name, p) in cases {
-        let draws = 40usize;
         let mut counts = std::collections::HashMap::<u32, u64>::new();
         let mut first = Vec::new();
         for batch in 0..draws {
@@ -991,7 +999,7 @@ mod tests {
     #[test]
     fn cpu_sampling_statistics_pass() {
         let mut c = Checks::default();
-        sampling_checks(&Cpu, "cpu", 512, 3, &mut c).unwrap();
+        sampling_checks(&Cpu, "cpu", 512, (512, 40), 3, &mut c).unwrap();
         assert!(
             c.all_passed(),
             "{:?}",
@@ -1020,6 +1028,7 @@ mod tests {
             device: Device::Cuda,
             seed: 1,
             no_model: true,
+            quick: true,
         })
         .unwrap_err();
         let msg = e.to_string();

@@ -259,6 +259,24 @@ namespace {
 
 void yield_to_scheduler() { sg_switch_ctx(&g_fibers[g_cur].sp, g_sched_sp); }
 
+// file:line of a code address, through addr2line (binutils) when it is installed.
+std::string source_line(void* pc) {
+    Dl_info info;
+    if (!pc || !dladdr(pc, &info) || !info.dli_fname) return "";
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "addr2line -e '%s' 0x%lx 2>/dev/null", info.dli_fname,
+             (unsigned long)((char*)pc - (char*)info.dli_fbase - 1));
+    FILE* f = popen(cmd, "r");
+    if (!f) return "";
+    char line[1024] = {0};
+    if (!fgets(line, sizeof line, f)) line[0] = 0;
+    pclose(f);
+    line[strcspn(line, "\n")] = 0;
+    if (line[0] == '?' || !line[0]) return "";
+    const char* k = strstr(line, "/kernels/");
+    return std::string(" ") + (k ? k + 1 : line);
+}
+
 std::string code_location(void* pc) {
     Dl_info info;
     if (pc && dladdr(pc, &info) && info.dli_sname) {
@@ -268,9 +286,9 @@ std::string code_location(void* pc) {
         free(d);
         char buf[64];
         snprintf(buf, sizeof buf, "+0x%lx", (unsigned long)((char*)pc - (char*)info.dli_saddr));
-        return s + buf;
+        return s + buf + source_line(pc);
     }
-    return "?";
+    return "?" + source_line(pc);
 }
 
 // Reports a failure of the running kernel and abandons the launch (never returns to the kernel).
