@@ -93,7 +93,10 @@ fn every_kernel_family_matches_the_cpu_backend_on_the_software_gpu() {
         "model gradient",
         "model AdamW step",
     ] {
-        assert!(t.contains(&format!("ok   {family}")), "{family} not checked:\n{t}");
+        assert!(
+            t.contains(&format!("ok   {family}")),
+            "{family} not checked:\n{t}"
+        );
     }
     assert!(!t.contains("softgpu: kernel"), "{t}");
 }
@@ -137,11 +140,16 @@ fn an_off_by_one_bound_is_caught_at_the_access() {
         "i < (n); i += (u64)blockDim.x * gridDim.x)",
         "i <= (n); i += (u64)blockDim.x * gridDim.x)",
     );
-    let Some(t) = run_planted(k.path()) else { return };
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
     assert!(t.contains("out-of-bounds"), "{t}");
     assert!(t.contains("past the end of a"), "{t}");
     assert!(t.contains("elementwise.cu:"), "{t}");
-    assert!(t.contains("kernel embedding_f32") || t.contains("kernel "), "{t}");
+    assert!(
+        t.contains("kernel embedding_f32") || t.contains("kernel "),
+        "{t}"
+    );
 }
 
 #[test]
@@ -151,10 +159,13 @@ fn a_missing_syncthreads_is_caught_in_shared_memory() {
         "    if (lane == 0) scratch[w] = v;\n    __syncthreads();\n    v = lane < nw ? scratch[lane] : 0.f;",
         "    if (lane == 0) scratch[w] = v;\n    v = lane < nw ? scratch[lane] : 0.f;",
     );
-    let Some(t) = run_planted(k.path()) else { return };
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
     assert!(
         t.contains("race on shared memory")
-            || t.contains("of shared memory at 0x") && t.contains("no thread of this block has written"),
+            || t.contains("of shared memory at 0x")
+                && t.contains("no thread of this block has written"),
         "{t}"
     );
 }
@@ -166,6 +177,8 @@ fn a_causal_mask_that_lets_a_row_see_the_next_key_fails_the_comparison() {
         "bool valid = j <= row;",
         "bool valid = j <= row + 1;",
     );
-    let Some(t) = run_planted(k.path()) else { return };
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
     assert!(t.contains("FAIL attention_train out"), "{t}");
 }

@@ -287,7 +287,8 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
         format!("rms_norm_backward dweight {tag}"),
         &host(g, &dw_g)?,
         &host(&Cpu, &dw_c)?,
-        tol,
+        // an f32 gradient summed in f32 from identical inputs: bf16 rounding shows as an error
+        tol.min(1e-4),
     );
     // linear with bias, matmul in every transpose, sum_rows
     let n_out = 80;
@@ -766,11 +767,11 @@ fn sampling_checks<B: Backend>(
             },
         ),
         (
-            "T=1 top-k=5 top-p=0.3",
+            "T=1 top-k=5 top-p=0.6",
             SamplingParams {
                 temperature: 1.0,
                 top_k: 5,
-                top_p: 0.3,
+                top_p: 0.6,
                 seed: seed + 5,
             },
         ),
@@ -870,7 +871,8 @@ fn sampling_checks<B: Backend>(
             .iter()
             .map(|x| reference[x.0 as usize] as f64 * inv_t)
             .fold(f64::INFINITY, f64::min);
-        let in_boundary_bin = |id: u32| reference[id as usize] as f64 * inv_t >= boundary - 2.0 / 32.0;
+        let in_boundary_bin =
+            |id: u32| reference[id as usize] as f64 * inv_t >= boundary - 2.0 / 32.0;
         let outside: u64 = counts
             .iter()
             .filter(|(k, _)| !kept.contains(k) && !in_boundary_bin(**k))
@@ -935,9 +937,19 @@ fn masked_sampling_checks<B: Backend>(be: &B, tag: &str, seed: u64, c: &mut Chec
             top_p,
             seed: seed + 11,
         };
-        let out = be.sample(&logits, &vec![p; rows], &(0..rows as u64).collect::<Vec<_>>())?;
-        let inv_t = if temperature > 0.0 { 1.0 / temperature as f64 } else { 1.0 };
-        let m = reference.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64 * inv_t));
+        let out = be.sample(
+            &logits,
+            &vec![p; rows],
+            &(0..rows as u64).collect::<Vec<_>>(),
+        )?;
+        let inv_t = if temperature > 0.0 {
+            1.0 / temperature as f64
+        } else {
+            1.0
+        };
+        let m = reference
+            .iter()
+            .fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64 * inv_t));
         let lse = m + reference
             .iter()
             .map(|&x| (x as f64 * inv_t - m).exp())
@@ -946,9 +958,10 @@ fn masked_sampling_checks<B: Backend>(be: &B, tag: &str, seed: u64, c: &mut Chec
         let bad: Vec<String> = out
             .iter()
             .filter(|s| {
-                let want = reference.get(s.id as usize).map(|&x| x as f64 * inv_t - lse);
-                s.id % 3 == 0
-                    || want.is_none_or(|w| !((s.logprob as f64 - w).abs() < 2e-3))
+                let want = reference
+                    .get(s.id as usize)
+                    .map(|&x| x as f64 * inv_t - lse);
+                s.id % 3 == 0 || want.is_none_or(|w| !((s.logprob as f64 - w).abs() < 2e-3))
             })
             .map(|s| format!("{}:{}", s.id, s.logprob))
             .collect();
