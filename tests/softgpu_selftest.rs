@@ -74,6 +74,31 @@ fn doctor_names_the_software_gpu_and_the_loaded_kernels() {
 }
 
 #[test]
+fn every_kernel_the_backend_launches_is_built_into_the_software_gpu() {
+    let Some(lib) = build(None, None) else { return };
+    let gen = lib.parent().unwrap().join("gen");
+    let mut built = std::collections::HashSet::new();
+    for e in std::fs::read_dir(&gen).unwrap() {
+        let p = e.unwrap().path();
+        if !p.file_name().unwrap().to_string_lossy().starts_with("k_") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&p).unwrap().lines() {
+            if let Some(rest) = line.strip_prefix("SG_KERNEL(") {
+                let name = rest.split(", ").nth(1).unwrap().trim_end_matches(')');
+                built.insert(name.to_string());
+            }
+        }
+    }
+    let missing: Vec<String> = sorft::engine::cuda::registry::launched_kernels()
+        .into_iter()
+        .filter(|k| !built.contains(k))
+        .collect();
+    assert!(built.len() > 100, "{built:?}");
+    assert!(missing.is_empty(), "launched but not built: {missing:?}");
+}
+
+#[test]
 fn every_kernel_family_matches_the_cpu_backend_on_the_software_gpu() {
     let Some(lib) = build(None, None) else { return };
     let o = sorft(&lib, &["selftest", "--device", "cuda", "--quick"], &[]);
