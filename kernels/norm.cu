@@ -37,14 +37,15 @@ __device__ void rms_norm_bwd_impl(T* dx, float* rstd, const T* x, const T* w, co
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-// dw[i] += sum_t dy[t, i] * x[t, i] * rstd[t]; one thread per column.
+// dw[i] += sum_t dy[t, i] * x[t, i] * rstd[t]; one thread per column, into an f32 gradient (never
+// through a bf16 temporary, which would round the whole column sum).
 template <typename T>
-__device__ void rms_norm_dw_impl(T* dw, const T* x, const T* dy, const float* rstd, u32 rows, u32 d) {
+__device__ void rms_norm_dw_impl(float* dw, const T* x, const T* dy, const float* rstd, u32 rows, u32 d) {
     u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= d) return;
     float s = 0.f;
     for (u32 t = 0; t < rows; t++) s += to_f32(dy[(u64)t * d + i]) * to_f32(x[(u64)t * d + i]) * rstd[t];
-    dw[i] = from_f32<T>(to_f32(dw[i]) + s);
+    dw[i] += s;
 }
 
 #define NORM(T, S)                                                                                 \
@@ -55,7 +56,7 @@ __device__ void rms_norm_dw_impl(T* dw, const T* x, const T* dy, const float* rs
                                                      float eps) {                                  \
         rms_norm_bwd_impl<T>(dx, r, x, w, dy, d, eps);                                             \
     }                                                                                              \
-    extern "C" __global__ void rms_norm_dweight_##S(T* dw, const T* x, const T* dy, const float* r, u32 rows, u32 d) { \
+    extern "C" __global__ void rms_norm_dweight_##S(float* dw, const T* x, const T* dy, const float* r, u32 rows, u32 d) { \
         rms_norm_dw_impl<T>(dw, x, dy, r, rows, d);                                                \
     }
 

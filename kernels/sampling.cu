@@ -51,6 +51,13 @@ __device__ void block_argmax(float& key, u32& id, float* sk, u32* si) {
     }
 }
 
+// Histogram bin of x (1/32 nat below the max m), clamped in float first: a float-to-int
+// conversion of an out-of-range value saturates on the GPU but is undefined in C++.
+__device__ __forceinline__ int bin_of(float m, float x) {
+    float fb = (m - x) * BINS_PER_NAT;
+    return fb < (float)(NBINS - 1) ? (int)fb : NBINS - 1;
+}
+
 __device__ __forceinline__ float gumbel(u64 seed, u32 i, u64 counter) {
     double u = uniform01(seed, (u64)i + 1, counter);
     if (u <= 0.0) u = 1e-300;
@@ -80,7 +87,7 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
     for (u32 i = threadIdx.x; i < v; i += THREADS) {
         float x = to_f32(z[i]) * inv_t;
         if (x > lm) { ls = ls * __expf(lm - x); lm = x; }
-        ls += __expf(x - lm);
+        if (x != NEG_INF) ls += __expf(x - lm);  // masked tokens: exp(-inf - -inf) would be NaN
         if (before(x, i, bk, bi)) { bk = x; bi = i; }
     }
     float m = block_max(lm, scratch);
@@ -111,7 +118,8 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
     __syncthreads();
     for (u32 i = threadIdx.x; i < v; i += THREADS) {
         float x = to_f32(z[i]) * inv_t;
-        int b = min((int)((m - x) * BINS_PER_NAT), NBINS - 1);
+        if (x == NEG_INF) continue;  // masked: never sampled
+        int b = bin_of(m, x);
         atomicAdd(&hcount[b], 1u);
         atomicAdd(&hmass[b], __expf(x - m));
         if (b < FLOOR_BIN) {
@@ -138,7 +146,9 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
                 if (cum >= target) { pbin = b; break; }
             }
         }
-        cutoff = min(kbin, pbin);
+        // With top-k, the candidates are the whole top-k set: the exact step below applies top-p
+        // to it renormalised (cutting at the top-p bin here would apply top-p twice).
+        cutoff = top_k_on ? kbin : pbin;
     }
     __syncthreads();
     u32 n = ncand;
@@ -152,7 +162,8 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
         __syncthreads();
         for (u32 i = threadIdx.x; i < v; i += THREADS) {
             float x = to_f32(z[i]) * inv_t;
-            int b = min((int)((m - x) * BINS_PER_NAT), NBINS - 1);
+            if (x == NEG_INF) continue;
+            int b = bin_of(m, x);
             if (b <= cutoff) {
                 u32 at = atomicAdd(&ncand, 1u);
                 if (at < CAP) { cz[at] = to_f32(z[i]); cid[at] = i; }

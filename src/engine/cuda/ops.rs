@@ -348,12 +348,13 @@ pub(crate) fn rms_norm_backward(
         ],
     )?;
     if let Some(dweight) = dweight {
-        // The column pass accumulates into a buffer of the activations' dtype.
+        // The column pass accumulates in f32: into the gradient itself when it is f32 (always,
+        // in training), else into an f32 buffer added afterwards.
         let mut own = None;
-        let target_ptr = if dweight.dtype() == dt {
+        let target_ptr = if dweight.dtype() == DType::F32 {
             be.ptr(dweight)
         } else {
-            let z = be.alloc(&[d], dt, true)?;
+            let z = be.alloc(&[d], DType::F32, true)?;
             let p = be.ptr(&z);
             own = Some(z);
             p

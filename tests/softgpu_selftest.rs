@@ -1,0 +1,209 @@
+//! The software GPU of `tests/softgpu/` (built by `scripts/softgpu.sh`): the unchanged binary's CUDA
+//! backend and every kernel of `kernels/` run on the CPU and are checked against the CPU backend
+//! (`sorft selftest --device cuda --quick`), and kernels with planted bugs are caught.
+//!
+//! Needs g++ and python3. Where they are missing the tests say so and pass, unless
+//! `SORFT_REQUIRE_SOFTGPU=1` (set by `.ci/run`, which builds the software GPU first).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Builds the software GPU from `kernels` into `out` (defaults: kernels/, the target dir) and
+/// returns the library folder, or `None` (with a message) where it cannot be built here.
+fn build(kernels: Option<&Path>, out: Option<&Path>) -> Option<PathBuf> {
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo().join("scripts/softgpu.sh"));
+    if let Some(k) = kernels {
+        cmd.arg("--kernels").arg(k);
+    }
+    if let Some(o) = out {
+        cmd.arg("--out").arg(o);
+    }
+    let required = std::env::var("SORFT_REQUIRE_SOFTGPU").is_ok_and(|v| v == "1");
+    let res = cmd.output().expect("bash runs");
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    if !res.status.success() {
+        assert!(
+            !required && stderr.contains("not found"),
+            "scripts/softgpu.sh failed:\n{stderr}"
+        );
+        eprintln!("software GPU not built here, skipping: {stderr}");
+        return None;
+    }
+    let stdout = String::from_utf8_lossy(&res.stdout);
+    let lib = PathBuf::from(stdout.lines().last().expect("a last line").trim());
+    assert!(lib.join("libcuda.so").is_file(), "{stdout}");
+    Some(lib)
+}
+
+fn sorft(lib: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let cache = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sorft"));
+    cmd.args(args)
+        .env("LD_LIBRARY_PATH", lib)
+        .env("SORFT_KERNEL_CACHE", cache.path());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("sorft runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn doctor_names_the_software_gpu_and_the_loaded_kernels() {
+    let Some(lib) = build(None, None) else { return };
+    let o = sorft(&lib, &["doctor"], &[]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("gpu 0:    sorft software GPU"), "{t}");
+    assert!(
+        t.contains("backend:  cuda:0 (sorft software GPU) (kernels from NVRTC"),
+        "{t}"
+    );
+}
+
+#[test]
+fn every_kernel_the_backend_launches_is_built_into_the_software_gpu() {
+    let Some(lib) = build(None, None) else { return };
+    let gen = lib.parent().unwrap().join("gen");
+    let mut built = std::collections::HashSet::new();
+    for e in std::fs::read_dir(&gen).unwrap() {
+        let p = e.unwrap().path();
+        if !p.file_name().unwrap().to_string_lossy().starts_with("k_") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&p).unwrap().lines() {
+            if let Some(rest) = line.strip_prefix("SG_KERNEL(") {
+                let name = rest.split(", ").nth(1).unwrap().trim_end_matches(')');
+                built.insert(name.to_string());
+            }
+        }
+    }
+    let missing: Vec<String> = sorft::engine::cuda::registry::launched_kernels()
+        .into_iter()
+        .filter(|k| !built.contains(k))
+        .collect();
+    assert!(built.len() > 100, "{built:?}");
+    assert!(missing.is_empty(), "launched but not built: {missing:?}");
+}
+
+#[test]
+fn every_kernel_family_matches_the_cpu_backend_on_the_software_gpu() {
+    let Some(lib) = build(None, None) else { return };
+    let o = sorft(&lib, &["selftest", "--device", "cuda", "--quick"], &[]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("selftest on cuda:0 (sorft software GPU)"), "{t}");
+    assert!(t.contains(" 0 failed"), "{t}");
+    for family in [
+        "embedding",
+        "rms_norm_backward dweight",
+        "matmul",
+        "adamw",
+        "attention_backward dk",
+        "attention (kv cache)",
+        "token_logprobs_backward",
+        "sample T=0.7 top-k=4 top-p=0.8 chi-square",
+        "model gradient",
+        "model AdamW step",
+    ] {
+        assert!(
+            t.contains(&format!("ok   {family}")),
+            "{family} not checked:\n{t}"
+        );
+    }
+    assert!(!t.contains("softgpu: kernel"), "{t}");
+}
+
+/// Copies kernels/ to a temporary folder with `from` replaced by `to` in `file` (exactly once).
+fn planted(file: &str, from: &str, to: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(repo().join("kernels")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let path = dir.path().join(file);
+    let src = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        src.matches(from).count(),
+        1,
+        "the planted bug's pattern must occur once in {file}: {from}"
+    );
+    std::fs::write(&path, src.replacen(from, to, 1)).unwrap();
+    dir
+}
+
+/// Runs the selftest on kernels with a planted bug and returns its output (it must fail).
+fn run_planted(kernels: &Path) -> Option<String> {
+    let out = tempfile::tempdir().unwrap();
+    let lib = build(Some(kernels), Some(out.path()))?;
+    let o = sorft(
+        &lib,
+        &["selftest", "--device", "cuda", "--quick", "--no-model"],
+        &[("SOFTGPU_MATCH", "name")],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "a planted bug went unnoticed:\n{t}");
+    Some(t)
+}
+
+#[test]
+fn an_off_by_one_bound_is_caught_at_the_access() {
+    let k = planted(
+        "elementwise.cu",
+        "i < (n); i += (u64)blockDim.x * gridDim.x)",
+        "i <= (n); i += (u64)blockDim.x * gridDim.x)",
+    );
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(t.contains("out-of-bounds"), "{t}");
+    assert!(t.contains("past the end of a"), "{t}");
+    assert!(t.contains("elementwise.cu:"), "{t}");
+    assert!(
+        t.contains("kernel embedding_f32") || t.contains("kernel "),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_missing_syncthreads_is_caught_in_shared_memory() {
+    let k = planted(
+        "common.cuh",
+        "    if (lane == 0) scratch[w] = v;\n    __syncthreads();\n    v = lane < nw ? scratch[lane] : 0.f;",
+        "    if (lane == 0) scratch[w] = v;\n    v = lane < nw ? scratch[lane] : 0.f;",
+    );
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(
+        t.contains("race on shared memory")
+            || t.contains("of shared memory at 0x")
+                && t.contains("no thread of this block has written"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_causal_mask_that_lets_a_row_see_the_next_key_fails_the_comparison() {
+    let k = planted(
+        "attention.cu",
+        "bool valid = j <= row;",
+        "bool valid = j <= row + 1;",
+    );
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(t.contains("FAIL attention_train out"), "{t}");
+}
