@@ -144,9 +144,7 @@ def _sorft_run(module, args):
         rc = 0 if prog.result.wasSuccessful() else 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os.write(1, ('
-@@sorft-runner-end@@ %s exit=%d
-' % (nonce, rc)).encode())
+    os.write(1, ('\n@@sorft-runner-end@@ %s exit=%d\n' % (nonce, rc)).encode())
     return rc
 sys.exit(_sorft_run(sys.argv[1], sys.argv[2:]))
 "#;
