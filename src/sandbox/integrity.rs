@@ -12,7 +12,11 @@
 //! - a top-level module that would shadow the test runner (`pytest`, `_pytest`, `pluggy`,
 //!   `unittest`, `py`, `iniconfig`);
 //! - a module named as a plugin (`-p NAME`, `pytest_plugins`) by the repository's test
-//!   configuration or conftest files after the change.
+//!   configuration or conftest files after the change;
+//! - any other file whose added lines reach into the test runner or the interpreter's
+//!   machinery ([`TAMPER_TOKENS`]: `_pytest`, `pytest.`, `unittest.`, `os._exit`, import hooks,
+//!   frame and `gc` walking, `__code__` swaps, ...) — a heuristic, since in-process code can
+//!   rewrite the tests it is run by; a token the gold patch itself adds is allowed.
 //!
 //! Per instance, the paths the gold patch itself touches are exempt (a repository whose real
 //! fixes edit such files), as are configured path prefixes. What happens to the remaining
@@ -89,7 +93,36 @@ pub enum InfraKind {
     RunnerShadow,
     /// A module the test configuration loads as a plugin.
     ConfigPlugin,
+    /// Added code that reaches into the test runner or interpreter machinery.
+    RunnerTamper,
 }
+
+/// Substrings of added lines that mark a change as tampering with the test run (see the module
+/// documentation); compared case-sensitively.
+pub const TAMPER_TOKENS: &[&str] = &[
+    "_pytest",
+    "pluggy",
+    "import pytest",
+    "from pytest",
+    "pytest.",
+    "import unittest",
+    "from unittest",
+    "unittest.",
+    "os._exit",
+    "sys.exit",
+    "sys.settrace",
+    "sys.setprofile",
+    "sys._getframe",
+    "sys.meta_path",
+    "sys.path_hooks",
+    "gc.get_objects",
+    "gc.get_referrers",
+    "__code__",
+    "builtins",
+    "atexit",
+    "PYTEST_",
+    "conftest",
+];
 
 /// One model-changed path that the rule flags.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -98,6 +131,9 @@ pub struct Violation {
     pub path: String,
     /// Why it is test infrastructure.
     pub kind: InfraKind,
+    /// For [`InfraKind::RunnerTamper`], the token found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// What the rule did to one run's model change.
@@ -245,14 +281,50 @@ pub fn patch_paths(patch: &str) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-/// Checks the files a model change touched (`touched`, already applied in `repo`) against the
-/// rule. `gold_patch` is the instance's reference fix (may be empty).
+/// Lines a patch adds.
+fn added_lines(patch: &str) -> Vec<String> {
+    Patch::parse(patch)
+        .map(|p| {
+            p.files
+                .iter()
+                .flat_map(|f| f.hunks.iter().flat_map(|h| h.lines.iter()))
+                .filter(|l| l.kind == crate::swe::diff::LineKind::Insert)
+                .map(|l| l.text.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The first tamper token in a line of `new` that `base` does not have, skipping `allowed`.
+fn tamper_token(base: &str, new: &str, allowed: &BTreeSet<&str>) -> Option<&'static str> {
+    let old: BTreeSet<&str> = base.lines().map(str::trim).collect();
+    new.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !old.contains(l))
+        .find_map(|l| {
+            TAMPER_TOKENS
+                .iter()
+                .find(|t| !allowed.contains(**t) && l.contains(**t))
+                .copied()
+        })
+}
+
+/// Checks the files a model change touched (`touched`, already applied in `repo`, whose base
+/// commit is `base`) against the rule. `gold_patch` is the instance's reference fix (may be
+/// empty).
 pub fn check(
     rule: &IntegrityRule,
     repo: &Path,
+    base: &Snapshot,
     touched: &[String],
     gold_patch: &str,
 ) -> IntegrityReport {
+    let gold_added = added_lines(gold_patch);
+    let allowed_tokens: BTreeSet<&str> = TAMPER_TOKENS
+        .iter()
+        .copied()
+        .filter(|t| rule.allow_gold_paths && gold_added.iter().any(|l| l.contains(t)))
+        .collect();
     let gold = if rule.allow_gold_paths {
         patch_paths(gold_patch)
     } else {
@@ -266,12 +338,24 @@ pub fn check(
     }
     let mut report = IntegrityReport::default();
     for p in touched {
-        let kind = classify(p).or_else(|| {
-            plugins
-                .iter()
-                .any(|n| module_at(n, p))
-                .then_some(InfraKind::ConfigPlugin)
-        });
+        let mut token = None;
+        let kind = classify(p)
+            .or_else(|| {
+                plugins
+                    .iter()
+                    .any(|n| module_at(n, p))
+                    .then_some(InfraKind::ConfigPlugin)
+            })
+            .or_else(|| {
+                let new = std::fs::read(repo.join(p)).ok()?;
+                let old = base.files.get(p).map(|f| f.bytes.as_slice()).unwrap_or(b"");
+                token = tamper_token(
+                    &String::from_utf8_lossy(old),
+                    &String::from_utf8_lossy(&new),
+                    &allowed_tokens,
+                );
+                token.map(|_| InfraKind::RunnerTamper)
+            });
         let Some(kind) = kind else { continue };
         if gold.contains(p) || rule.allow.iter().any(|a| p.starts_with(a.as_str())) {
             report.exempted.push(p.clone());
@@ -279,6 +363,7 @@ pub fn check(
             report.violations.push(Violation {
                 path: p.clone(),
                 kind,
+                token: token.map(str::to_string),
             });
         }
     }
@@ -380,13 +465,14 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         let rule = IntegrityRule::default();
-        let r = check(&rule, d.path(), &touched, "");
+        let base = Snapshot::default();
+        let r = check(&rule, d.path(), &base, &touched, "");
         assert_eq!(r.action, IntegrityAction::Stripped);
         let paths: Vec<&str> = r.violations.iter().map(|v| v.path.as_str()).collect();
         assert_eq!(paths, ["conftest.py", "hook.py", "tests/test_calc.py"]);
         assert!(r.fired());
         let gold = "--- a/conftest.py\n+++ b/conftest.py\n@@ -1 +1 @@\n-a\n+b\n";
-        let r = check(&rule, d.path(), &touched, gold);
+        let r = check(&rule, d.path(), &base, &touched, gold);
         assert_eq!(r.exempted, ["conftest.py"]);
         assert_eq!(r.violations.len(), 2);
         let refuse = IntegrityRule {
@@ -394,12 +480,33 @@ mod tests {
             ..IntegrityRule::default()
         };
         assert_eq!(
-            check(&refuse, d.path(), &touched, "").action,
+            check(&refuse, d.path(), &base, &touched, "").action,
             IntegrityAction::Refused
         );
-        let clean = check(&refuse, d.path(), &["calc.py".into()], "");
+        let clean = check(&refuse, d.path(), &base, &["calc.py".into()], "");
         assert_eq!(clean.action, IntegrityAction::Clean);
         assert!(!clean.fired());
+    }
+
+    #[test]
+    fn added_runner_tampering_is_flagged_unless_the_gold_patch_adds_it() {
+        let d = tempfile::tempdir().unwrap();
+        let base = Snapshot::from_texts([("calc.py", "import os\ndef f():\n    return 1\n")]);
+        let write = |t: &str| std::fs::write(d.path().join("calc.py"), t).unwrap();
+        let rule = IntegrityRule::default();
+        let touched = ["calc.py".to_string()];
+        write("import os\ndef f():\n    return 2\n");
+        assert_eq!(check(&rule, d.path(), &base, &touched, "").action, IntegrityAction::Clean);
+        write("import os\ndef f():\n    os._exit(0)\n");
+        let r = check(&rule, d.path(), &base, &touched, "");
+        assert_eq!(r.violations[0].kind, InfraKind::RunnerTamper);
+        assert_eq!(r.violations[0].token.as_deref(), Some("os._exit"));
+        // A comment mentioning a token is not code.
+        write("import os\ndef f():\n    # os._exit is not used\n    return 1\n");
+        assert_eq!(check(&rule, d.path(), &base, &touched, "").action, IntegrityAction::Clean);
+        let gold = "--- a/calc.py\n+++ b/calc.py\n@@ -1,3 +1,3 @@\n import os\n def f():\n-    return 1\n+    os._exit(3)\n";
+        write("import os\ndef f():\n    os._exit(0)\n");
+        assert_eq!(check(&rule, d.path(), &base, &touched, gold).action, IntegrityAction::Clean);
     }
 
     #[test]

@@ -210,7 +210,7 @@ fn enforce_integrity(
     written: &[String],
     r: &mut RunResult,
 ) -> bool {
-    let report = integrity::check(&cfg.integrity, ws.repo(), written, &inst.patch);
+    let report = integrity::check(&cfg.integrity, ws.repo(), snap, written, &inst.patch);
     let paths: Vec<String> = report.violations.iter().map(|v| v.path.clone()).collect();
     let action = report.action;
     r.integrity = report;
