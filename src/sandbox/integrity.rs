@@ -255,7 +255,12 @@ fn plugin_sources(repo: &Path, touched: &[String]) -> Vec<std::path::PathBuf> {
     files.extend(
         touched
             .iter()
-            .filter(|p| matches!(classify(p), Some(InfraKind::Conftest | InfraKind::TestConfig)))
+            .filter(|p| {
+                matches!(
+                    classify(p),
+                    Some(InfraKind::Conftest | InfraKind::TestConfig)
+                )
+            })
             .map(|p| repo.join(p)),
     );
     files
@@ -357,7 +362,9 @@ pub fn check(
                 token.map(|_| InfraKind::RunnerTamper)
             });
         let Some(kind) = kind else { continue };
-        if gold.contains(p) || rule.allow.iter().any(|a| p.starts_with(a.as_str())) {
+        // Tampering is exempt only by token (above), not because the gold patch edits the file.
+        let gold_path = kind != InfraKind::RunnerTamper && gold.contains(p);
+        if gold_path || rule.allow.iter().any(|a| p.starts_with(a.as_str())) {
             report.exempted.push(p.clone());
         } else {
             report.violations.push(Violation {
@@ -424,10 +431,7 @@ mod tests {
         assert_eq!(classify("pyproject.toml"), Some(InfraKind::TestConfig));
         assert_eq!(classify("tests/helpers.py"), Some(InfraKind::TestFile));
         assert_eq!(classify("pkg/test_util.py"), Some(InfraKind::TestFile));
-        assert_eq!(
-            classify("sitecustomize.py"),
-            Some(InfraKind::StartupHook)
-        );
+        assert_eq!(classify("sitecustomize.py"), Some(InfraKind::StartupHook));
         assert_eq!(classify("evil.pth"), Some(InfraKind::StartupHook));
         assert_eq!(
             classify("x-1.0.dist-info/entry_points.txt"),
@@ -435,7 +439,10 @@ mod tests {
         );
         assert_eq!(classify("pytest.py"), Some(InfraKind::RunnerShadow));
         assert_eq!(classify("_pytest/runner.py"), Some(InfraKind::RunnerShadow));
-        assert_eq!(classify("unittest/__init__.py"), Some(InfraKind::RunnerShadow));
+        assert_eq!(
+            classify("unittest/__init__.py"),
+            Some(InfraKind::RunnerShadow)
+        );
         assert_eq!(classify("calc.py"), None);
         assert_eq!(classify("pkg/testing_utils.py"), None);
         assert_eq!(classify("pkg/pytest_helpers.py"), None);
@@ -446,11 +453,17 @@ mod tests {
     fn finds_plugin_names_in_config_text() {
         let ini = "[pytest]\naddopts = -p evil_plugin -rA -pother.mod -p no:cacheprovider\n";
         let n = plugin_names(ini);
-        assert!(n.contains("evil_plugin") && n.contains("other.mod"), "{n:?}");
+        assert!(
+            n.contains("evil_plugin") && n.contains("other.mod"),
+            "{n:?}"
+        );
         assert!(!n.iter().any(|x| x.contains("no")), "{n:?}");
         let conf = "pytest_plugins = ['helpers.fixtures', \"more\"]\n";
         let n = plugin_names(conf);
-        assert!(n.contains("helpers.fixtures") && n.contains("more"), "{n:?}");
+        assert!(
+            n.contains("helpers.fixtures") && n.contains("more"),
+            "{n:?}"
+        );
         assert!(module_at("helpers.fixtures", "helpers/fixtures.py"));
         assert!(module_at("evil_plugin", "src/evil_plugin/__init__.py"));
         assert!(!module_at("evil", "evil_plugin.py"));
@@ -496,17 +509,30 @@ mod tests {
         let rule = IntegrityRule::default();
         let touched = ["calc.py".to_string()];
         write("import os\ndef f():\n    return 2\n");
-        assert_eq!(check(&rule, d.path(), &base, &touched, "").action, IntegrityAction::Clean);
+        assert_eq!(
+            check(&rule, d.path(), &base, &touched, "").action,
+            IntegrityAction::Clean
+        );
         write("import os\ndef f():\n    os._exit(0)\n");
         let r = check(&rule, d.path(), &base, &touched, "");
         assert_eq!(r.violations[0].kind, InfraKind::RunnerTamper);
         assert_eq!(r.violations[0].token.as_deref(), Some("os._exit"));
         // A comment mentioning a token is not code.
         write("import os\ndef f():\n    # os._exit is not used\n    return 1\n");
-        assert_eq!(check(&rule, d.path(), &base, &touched, "").action, IntegrityAction::Clean);
+        assert_eq!(
+            check(&rule, d.path(), &base, &touched, "").action,
+            IntegrityAction::Clean
+        );
         let gold = "--- a/calc.py\n+++ b/calc.py\n@@ -1,3 +1,3 @@\n import os\n def f():\n-    return 1\n+    os._exit(3)\n";
         write("import os\ndef f():\n    os._exit(0)\n");
-        assert_eq!(check(&rule, d.path(), &base, &touched, gold).action, IntegrityAction::Clean);
+        assert_eq!(
+            check(&rule, d.path(), &base, &touched, gold).action,
+            IntegrityAction::Clean
+        );
+        // The gold patch editing the same file does not exempt other tokens.
+        write("import os\ndef f():\n    import gc; gc.get_objects()\n");
+        let r = check(&rule, d.path(), &base, &touched, gold);
+        assert_eq!(r.violations[0].token.as_deref(), Some("gc.get_objects"));
     }
 
     #[test]
@@ -522,7 +548,10 @@ mod tests {
             &["a.py".into(), "new/conftest.py".into(), "absent.py".into()],
         )
         .unwrap();
-        assert_eq!(std::fs::read_to_string(d.path().join("a.py")).unwrap(), "base\n");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("a.py")).unwrap(),
+            "base\n"
+        );
         assert!(!d.path().join("new/conftest.py").exists());
     }
 }

@@ -75,7 +75,9 @@ impl LogParser for PytestParser {
     /// summary): text a test prints is shown inside report sections, so it cannot forge either.
     fn parse(&self, log: &str) -> StatusMap {
         let lines: Vec<&str> = log.lines().map(str::trim_end).collect();
-        let summary_at = lines.iter().rposition(|l| is_pytest_section(l, "short test summary info"));
+        let summary_at = lines
+            .iter()
+            .rposition(|l| is_pytest_section(l, "short test summary info"));
         let reports_at = lines
             .iter()
             .position(|l| REPORT_SECTIONS.iter().any(|s| is_pytest_section(l, s)))
@@ -108,9 +110,7 @@ const REPORT_SECTIONS: &[&str] = &[
 
 /// True for a pytest section header `===== title =====`.
 fn is_pytest_section(line: &str, title: &str) -> bool {
-    line.starts_with("==")
-        && line.ends_with("==")
-        && line.trim_matches('=').trim() == title
+    line.starts_with("==") && line.ends_with("==") && line.trim_matches('=').trim() == title
 }
 
 /// Summary form: "PASSED tests/test_a.py::test_x[ - message]".
@@ -334,7 +334,10 @@ ERROR tests/test_a.py - ImportError
         assert!(m.is_empty(), "{m:?}");
         // unittest: a forged "ok" on the progress line loses to the runner's FAIL record.
         let log = "test_sub (t.T.test_sub) ... ok\nFAIL\n\n=====\nFAIL: test_sub (t.T.test_sub)\n";
-        assert_eq!(UnittestParser.parse(log)["t.T.test_sub"], TestStatus::Failed);
+        assert_eq!(
+            UnittestParser.parse(log)["t.T.test_sub"],
+            TestStatus::Failed
+        );
     }
 
     #[test]

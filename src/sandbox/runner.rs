@@ -339,7 +339,8 @@ fn run_phases(
         }
     };
     let args = tc.hardened_args(&files, ws.repo(), &ini);
-    let hardened = args.first().is_some_and(|a| a == "-c") && args.get(1).is_some_and(|a| a == BOOTSTRAP);
+    let hardened =
+        args.first().is_some_and(|a| a == "-c") && args.get(1).is_some_and(|a| a == BOOTSTRAP);
     let nonce = one_time_nonce();
     r.command = std::iter::once(cfg.python.program.display().to_string())
         .chain(args.iter().cloned())

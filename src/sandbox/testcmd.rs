@@ -255,21 +255,35 @@ mod tests {
     fn hardened_args_replace_the_module_runner() {
         let t = CommandTable::default();
         let p = t.lookup("x/y", None);
-        let a = p.hardened_args(&["t.py".into()], Path::new("/w/repo"), Path::new("/w/p.ini"));
+        let a = p.hardened_args(
+            &["t.py".into()],
+            Path::new("/w/repo"),
+            Path::new("/w/p.ini"),
+        );
         assert_eq!(&a[..3], ["-c", BOOTSTRAP, "pytest"]);
-        for want in ["no:cacheprovider", "--rootdir=/w/repo", "--confcutdir=/w/repo", "/w/p.ini"] {
+        for want in [
+            "no:cacheprovider",
+            "--rootdir=/w/repo",
+            "--confcutdir=/w/repo",
+            "/w/p.ini",
+        ] {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
         assert_eq!(a.last().unwrap(), "t.py");
         assert!(a.iter().any(|x| x == "-rA"));
-        let u = t.lookup("synth/x", None).hardened_args(&[], Path::new("/r"), Path::new("/i"));
+        let u = t
+            .lookup("synth/x", None)
+            .hardened_args(&[], Path::new("/r"), Path::new("/i"));
         assert_eq!(&u[2..], ["unittest", "-b", "-v"]);
         let custom = TestCommand {
             runner: Runner::Pytest,
             args: vec!["runtests.py".into()],
             pass_files: false,
         };
-        assert_eq!(custom.hardened_args(&[], Path::new("/r"), Path::new("/i")), ["runtests.py"]);
+        assert_eq!(
+            custom.hardened_args(&[], Path::new("/r"), Path::new("/i")),
+            ["runtests.py"]
+        );
     }
 
     #[test]
@@ -280,11 +294,17 @@ mod tests {
         assert_eq!(pytest_config(files(&[])), None);
         assert_eq!(pytest_config(files(&[("setup.cfg", "[metadata]\n")])), None);
         assert_eq!(
-            pytest_config(files(&[("setup.cfg", "[tool:pytest]\n"), ("tox.ini", "[tox]\n")])),
+            pytest_config(files(&[
+                ("setup.cfg", "[tool:pytest]\n"),
+                ("tox.ini", "[tox]\n")
+            ])),
             Some("setup.cfg")
         );
         assert_eq!(
-            pytest_config(files(&[("setup.cfg", "[tool:pytest]\n"), ("pytest.ini", "")])),
+            pytest_config(files(&[
+                ("setup.cfg", "[tool:pytest]\n"),
+                ("pytest.ini", "")
+            ])),
             Some("pytest.ini")
         );
     }
