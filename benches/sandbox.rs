@@ -79,6 +79,7 @@ fn main() {
         python: interp.clone(),
         commands: CommandTable::default(),
         work_dir: work.clone(),
+        integrity: Default::default(),
     };
     let mirrors = MirrorRepos::new(&repos);
     // A fixed repository state for the per-run comparison: instance 0 with gold + test patch.
@@ -97,6 +98,7 @@ fn main() {
         program: interp.program.clone(),
         args: args.iter().map(Into::into).collect(),
         env: vec![],
+        stdin: None,
     };
     let paths = ws.jail_paths(interp.read_roots.clone());
     println!("layers: {:?}", host);

@@ -25,6 +25,7 @@ fn config(work: &Path) -> SandboxConfig {
         python: python::resolve(None, HostSupport::get().root).unwrap(),
         commands: CommandTable::default(),
         work_dir: work.to_path_buf(),
+        integrity: Default::default(),
     }
 }
 

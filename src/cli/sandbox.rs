@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use sorft::sandbox::integrity::{IntegrityMode, IntegrityRule};
 use sorft::sandbox::isolation::{HostSupport, Policy};
 use sorft::sandbox::pool::{run_all, Job, Summary};
 use sorft::sandbox::predictions::read_predictions;
@@ -61,6 +62,15 @@ struct Common {
     /// Refuse to run unless every isolation layer is available.
     #[arg(long)]
     require_all_layers: bool,
+    /// Model changes to test infrastructure (conftest.py, test config, test files, start-up
+    /// hooks, runner shadows, config-named plugins): refuse the run, strip them back to the base
+    /// commit, or only report (off).
+    #[arg(long, default_value = "strip")]
+    integrity: IntegrityMode,
+    /// Path prefix exempt from the integrity rule (repeatable); paths the gold patch touches are
+    /// always exempt.
+    #[arg(long)]
+    integrity_allow: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +193,11 @@ fn config(c: &Common) -> Result<SandboxConfig> {
         python,
         commands,
         work_dir: c.work_dir.clone().unwrap_or_else(workspace::default_base),
+        integrity: IntegrityRule {
+            mode: c.integrity,
+            allow: c.integrity_allow.clone(),
+            ..IntegrityRule::default()
+        },
     })
 }
 
@@ -241,8 +256,17 @@ fn run_jobs(
 
 fn print_summary(s: &Summary) {
     println!(
-        "{} instances: {:.1}% applied ({}), {:.1}% resolved ({}), {} stopped by limits, {} errors",
-        s.total, s.pct_applied, s.applied, s.pct_resolved, s.resolved, s.limit_hit, s.errors
+        "{} instances: {:.1}% applied ({}), {:.1}% resolved ({}), {} stopped by limits, {} errors; integrity rule fired {} times ({} stripped, {} refused)",
+        s.total,
+        s.pct_applied,
+        s.applied,
+        s.pct_resolved,
+        s.resolved,
+        s.limit_hit,
+        s.errors,
+        s.integrity_stripped + s.integrity_refused,
+        s.integrity_stripped,
+        s.integrity_refused
     );
 }
 

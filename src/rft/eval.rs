@@ -227,6 +227,7 @@ pub fn sandbox_config(timeout: f64) -> anyhow::Result<SandboxConfig> {
         python,
         commands: Default::default(),
         work_dir: crate::sandbox::workspace::default_base(),
+        integrity: Default::default(),
     })
 }
 

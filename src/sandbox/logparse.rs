@@ -70,45 +70,99 @@ impl LogParser for PytestParser {
         "pytest"
     }
 
+    /// Summary lines count only inside the last "short test summary info" section, and verbose
+    /// progress lines only before the first report section (FAILURES, ERRORS, PASSES, the
+    /// summary): text a test prints is shown inside report sections, so it cannot forge either.
     fn parse(&self, log: &str) -> StatusMap {
+        let lines: Vec<&str> = log.lines().map(str::trim_end).collect();
+        let summary_at = lines
+            .iter()
+            .rposition(|l| is_pytest_section(l, "short test summary info"));
+        let reports_at = lines
+            .iter()
+            .position(|l| REPORT_SECTIONS.iter().any(|s| is_pytest_section(l, s)))
+            .unwrap_or(lines.len());
         let mut map = StatusMap::new();
-        for raw in log.lines() {
-            let line = raw.trim_end();
-            // Summary form: "PASSED tests/test_a.py::test_x".
-            if let Some((word, status)) = PYTEST_WORDS
-                .iter()
-                .find(|(w, _)| line.starts_with(w) && line[w.len()..].starts_with(' '))
-            {
-                let rest = line[word.len()..].trim_start();
-                if rest.starts_with('[') {
-                    // "SKIPPED [1] file.py:12: reason" names no test id.
-                    continue;
-                }
-                let name = cut_message(rest).trim();
-                if !name.is_empty() {
-                    map.insert(name.to_string(), *status);
-                }
-                continue;
+        for line in &lines[..reports_at] {
+            if let Some((name, status)) = pytest_verbose(line) {
+                map.entry(name).or_insert(status);
             }
-            // Verbose form: "tests/test_a.py::test_x PASSED [ 50%]".
-            if let Some(idx) = line.find("::") {
-                let head = &line[..idx];
-                if head.contains(' ') {
-                    continue;
-                }
-                for (word, status) in PYTEST_WORDS {
-                    let pat = format!(" {word}");
-                    if let Some(pos) = line.rfind(&pat) {
-                        let after = &line[pos + pat.len()..];
-                        if after.is_empty() || after.starts_with(' ') {
-                            map.entry(line[..pos].trim().to_string()).or_insert(*status);
-                            break;
-                        }
-                    }
+        }
+        if let Some(at) = summary_at {
+            for line in &lines[at + 1..] {
+                if let Some((name, status)) = pytest_summary(line) {
+                    map.insert(name, status);
                 }
             }
         }
         map
+    }
+}
+
+/// Section titles pytest prints after the progress lines.
+const REPORT_SECTIONS: &[&str] = &[
+    "FAILURES",
+    "ERRORS",
+    "PASSES",
+    "warnings summary",
+    "short test summary info",
+];
+
+/// True for a pytest section header `===== title =====`.
+fn is_pytest_section(line: &str, title: &str) -> bool {
+    line.starts_with("==") && line.ends_with("==") && line.trim_matches('=').trim() == title
+}
+
+/// Summary form: "PASSED tests/test_a.py::test_x[ - message]".
+fn pytest_summary(line: &str) -> Option<(String, TestStatus)> {
+    let (word, status) = PYTEST_WORDS
+        .iter()
+        .find(|(w, _)| line.starts_with(w) && line[w.len()..].starts_with(' '))?;
+    let rest = line[word.len()..].trim_start();
+    if rest.starts_with('[') {
+        // "SKIPPED [1] file.py:12: reason" names no test id.
+        return None;
+    }
+    let name = cut_message(rest).trim();
+    (!name.is_empty()).then(|| (name.to_string(), *status))
+}
+
+/// Verbose form: "tests/test_a.py::test_x PASSED [ 50%]".
+fn pytest_verbose(line: &str) -> Option<(String, TestStatus)> {
+    let idx = line.find("::")?;
+    if line[..idx].contains(' ') {
+        return None;
+    }
+    for (word, status) in PYTEST_WORDS {
+        let pat = format!(" {word}");
+        if let Some(pos) = line.rfind(&pat) {
+            let after = &line[pos + pat.len()..];
+            if after.is_empty() || after.starts_with(' ') {
+                return Some((line[..pos].trim().to_string(), *status));
+            }
+        }
+    }
+    None
+}
+
+/// How bad a status is: a test reported twice keeps its worst status, so a forged "ok" line
+/// cannot hide the runner's own FAIL/ERROR record of the same test.
+fn severity(s: TestStatus) -> u8 {
+    match s {
+        TestStatus::Passed => 0,
+        TestStatus::Xfail => 1,
+        TestStatus::Skipped => 2,
+        TestStatus::Xpass => 3,
+        TestStatus::Failed => 4,
+        TestStatus::Error => 5,
+    }
+}
+
+/// Records `st` for `id`, keeping the worse of two statuses.
+fn record_worst(map: &mut StatusMap, id: String, st: TestStatus) {
+    let e = map.entry(id).or_insert(st);
+    if severity(st) > severity(*e) {
+        *e = st;
     }
 }
 
@@ -167,7 +221,7 @@ impl LogParser for UnittestParser {
             if let Some(id) = unittest_head(line) {
                 if let Some(pos) = line.rfind(" ... ") {
                     if let Some(st) = unittest_status(&line[pos + 5..]) {
-                        map.insert(id, st);
+                        record_worst(&mut map, id, st);
                         pending = None;
                         continue;
                     }
@@ -182,7 +236,7 @@ impl LogParser for UnittestParser {
             ] {
                 if let Some(rest) = line.strip_prefix(prefix) {
                     if let Some(id) = unittest_head(rest) {
-                        map.entry(id).or_insert(st);
+                        record_worst(&mut map, id, st);
                     }
                 }
             }
@@ -193,7 +247,7 @@ impl LogParser for UnittestParser {
                 }
                 .or_else(|| unittest_status(line).filter(|_| line == line.trim()));
                 if let Some(st) = status {
-                    map.insert(id.clone(), st);
+                    record_worst(&mut map, id.clone(), st);
                     pending = None;
                 }
             }
@@ -257,6 +311,32 @@ FAIL: test_div (tests.test_calc.TestCalc)
         assert_eq!(
             UnittestParser.normalize("test_div (tests.test_calc.TestCalc)"),
             "tests.test_calc.TestCalc.test_div"
+        );
+    }
+
+    #[test]
+    fn printed_status_lines_do_not_count() {
+        // A test printed summary-like lines; they are shown in a report section before the
+        // real summary, which does not list test_sub as passed.
+        let log = "\
+============================= ERRORS =============================
+----------------------------- Captured stdout -----------------------------
+PASSED tests/test_a.py::test_sub
+tests/test_a.py::test_sub PASSED
+=========================== short test summary info ============================
+ERROR tests/test_a.py - ImportError
+";
+        let m = PytestParser.parse(log);
+        assert_eq!(m.get("tests/test_a.py::test_sub"), None, "{m:?}");
+        assert_eq!(m["tests/test_a.py"], TestStatus::Error);
+        // Without any summary section, summary-form text is never a result.
+        let m = PytestParser.parse("PASSED tests/test_a.py::test_sub\n");
+        assert!(m.is_empty(), "{m:?}");
+        // unittest: a forged "ok" on the progress line loses to the runner's FAIL record.
+        let log = "test_sub (t.T.test_sub) ... ok\nFAIL\n\n=====\nFAIL: test_sub (t.T.test_sub)\n";
+        assert_eq!(
+            UnittestParser.parse(log)["t.T.test_sub"],
+            TestStatus::Failed
         );
     }
 

@@ -21,6 +21,7 @@ pub mod capture;
 pub mod cleanup;
 mod error;
 pub mod grading;
+pub mod integrity;
 pub mod isolation;
 pub mod limits;
 pub mod logparse;

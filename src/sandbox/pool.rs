@@ -1,5 +1,6 @@
 //! A bounded worker pool running many instances at once, with a summary.
 
+use crate::sandbox::integrity::IntegrityAction;
 use crate::sandbox::runner::{run_instance, RepoProvider, RunResult, RunStatus, SandboxConfig};
 use crate::swe::instance::Instance;
 use serde::{Deserialize, Serialize};
@@ -72,6 +73,12 @@ pub struct Summary {
     pub limit_hit: usize,
     /// Runs the sandbox could not carry out.
     pub errors: usize,
+    /// Runs whose model change had test-infrastructure files stripped.
+    #[serde(default)]
+    pub integrity_stripped: usize,
+    /// Runs refused by the integrity rule.
+    #[serde(default)]
+    pub integrity_refused: usize,
     /// Instance ids not resolved.
     pub unresolved_ids: Vec<String>,
     /// Sum of per-run wall-clock seconds.
@@ -104,6 +111,14 @@ impl Summary {
             errors: results
                 .iter()
                 .filter(|r| r.status == RunStatus::Error)
+                .count(),
+            integrity_stripped: results
+                .iter()
+                .filter(|r| r.integrity.action == IntegrityAction::Stripped)
+                .count(),
+            integrity_refused: results
+                .iter()
+                .filter(|r| r.integrity.action == IntegrityAction::Refused)
                 .count(),
             unresolved_ids: results
                 .iter()

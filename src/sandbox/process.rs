@@ -22,6 +22,33 @@ pub struct JailCommand {
     pub args: Vec<OsString>,
     /// Extra environment on top of the reduced base environment.
     pub env: Vec<(OsString, OsString)>,
+    /// Bytes readable on stdin (at most 4 KiB, fits a pipe); `None` for `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+}
+
+/// A stdin carrying `data`: a pipe whose write end is filled and closed before the spawn.
+fn stdin_with(data: Option<&[u8]>) -> Result<Stdio> {
+    let Some(data) = data else {
+        return Ok(Stdio::null());
+    };
+    if data.len() > 4096 {
+        return Err(SandboxError::io(
+            "stdin for the sandboxed process",
+            std::io::Error::other("more than 4 KiB"),
+        ));
+    }
+    let (r, w) = pipe()?;
+    // The read end was made non-blocking for the output pipe's sake; stdin must block.
+    // SAFETY: fcntl on an fd we own.
+    unsafe {
+        let fl = libc::fcntl(r.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(r.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+    }
+    let mut f = std::fs::File::from(w);
+    std::io::Write::write_all(&mut f, data)
+        .map_err(|e| SandboxError::io("writing stdin for the sandboxed process", e))?;
+    drop(f);
+    Ok(Stdio::from(r))
 }
 
 /// How a run ended.
@@ -224,7 +251,7 @@ pub fn run_jailed(
         .env_clear()
         .envs(base_env(paths, cmd))
         .envs(cmd.env.iter().cloned())
-        .stdin(Stdio::null())
+        .stdin(stdin_with(cmd.stdin.as_deref())?)
         .stdout(Stdio::from(write_end))
         .stderr(Stdio::from(write2));
     isolation::attach(&mut command, setup);

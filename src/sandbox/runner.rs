@@ -2,11 +2,12 @@
 
 use crate::sandbox::apply::{self, Applied};
 use crate::sandbox::grading::{grade, Grade};
+use crate::sandbox::integrity::{self, IntegrityAction, IntegrityReport, IntegrityRule};
 use crate::sandbox::isolation::Policy;
 use crate::sandbox::logparse::StatusMap;
 use crate::sandbox::process::{run_jailed, JailCommand, LimitHit, ProcessOutcome};
 use crate::sandbox::python::Interpreter;
-use crate::sandbox::testcmd::CommandTable;
+use crate::sandbox::testcmd::{pytest_config, CommandTable, BOOTSTRAP, END_MARKER};
 use crate::sandbox::workspace::{RepoSource, Workspace};
 use crate::sandbox::Limits;
 use crate::swe::instance::Instance;
@@ -30,6 +31,8 @@ pub struct SandboxConfig {
     pub commands: CommandTable,
     /// Directory under which workspaces are created.
     pub work_dir: PathBuf,
+    /// What a model change may not touch (test infrastructure), and what happens when it does.
+    pub integrity: IntegrityRule,
 }
 
 /// Where an instance's repository comes from.
@@ -85,6 +88,8 @@ pub enum RunStatus {
     EmptyPatch,
     /// The model change did not apply.
     PatchFailed,
+    /// The model change touches test infrastructure and the integrity rule refuses it.
+    IntegrityRefused,
     /// The test patch did not apply on top of the model change.
     TestPatchFailed,
     /// The tests were stopped by a limit (timeout, output, CPU).
@@ -121,6 +126,9 @@ pub struct RunResult {
     pub resolved: bool,
     /// How the model change applied.
     pub apply: Option<Applied>,
+    /// What the integrity rule found and did.
+    #[serde(default)]
+    pub integrity: IntegrityReport,
     /// The first error (apply, sandbox), one line.
     pub error: Option<String>,
     /// The test command run (interpreter and arguments).
@@ -144,6 +152,7 @@ impl RunResult {
             applied: false,
             resolved: false,
             apply: None,
+            integrity: IntegrityReport::default(),
             error: None,
             command: vec![],
             process: None,
@@ -151,6 +160,78 @@ impl RunResult {
             grade: None,
             timings: Timings::default(),
         }
+    }
+}
+
+/// The part of the log the test runner wrote before its end marker with this run's nonce;
+/// `None` when the marker is missing (the runner never returned).
+fn runner_log<'a>(log: &'a str, nonce: &str) -> Option<&'a str> {
+    let marker = format!("{END_MARKER} {nonce} exit=");
+    log.rfind(&marker).map(|i| &log[..i])
+}
+
+/// 128 random bits, hex: the end marker's nonce, unknown to the code under test.
+fn one_time_nonce() -> String {
+    let mut b = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    // Mixed with the clock and the pid, should /dev/urandom be unreadable.
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mix = t ^ ((std::process::id() as u128) << 64);
+    let x = u128::from_le_bytes(b) ^ mix;
+    format!("{x:032x}")
+}
+
+/// The pytest ini file of a run: the base commit's configuration file in the workspace when it
+/// has one (changes to it are test infrastructure), otherwise an empty sandbox-owned file, so
+/// that a configuration file the change adds is never read.
+fn pytest_ini(ws: &Workspace, base: &Snapshot) -> Result<PathBuf, String> {
+    if let Some(name) = pytest_config(|n| base.text(n).map(str::to_string)) {
+        return Ok(ws.repo().join(name));
+    }
+    let p = ws.tmp().join("sorft-pytest.ini");
+    std::fs::write(&p, "[pytest]\n").map_err(|e| format!("writing {}: {e}", p.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| format!("chmod {}: {e}", p.display()))?;
+    Ok(p)
+}
+
+/// Applies the integrity rule to the files the model change wrote: records the verdict, strips
+/// violating files back to the base commit, or refuses the run. False when the run stops here.
+fn enforce_integrity(
+    cfg: &SandboxConfig,
+    inst: &Instance,
+    ws: &Workspace,
+    snap: &Snapshot,
+    written: &[String],
+    r: &mut RunResult,
+) -> bool {
+    let report = integrity::check(&cfg.integrity, ws.repo(), snap, written, &inst.patch);
+    let paths: Vec<String> = report.violations.iter().map(|v| v.path.clone()).collect();
+    let action = report.action;
+    r.integrity = report;
+    match action {
+        IntegrityAction::Refused => {
+            r.status = RunStatus::IntegrityRefused;
+            r.error = Some(format!(
+                "model change touches test infrastructure: {}",
+                paths.join(", ")
+            ));
+            false
+        }
+        IntegrityAction::Stripped => match integrity::restore_to_base(ws.repo(), snap, &paths) {
+            Ok(()) => true,
+            Err(e) => {
+                r.status = RunStatus::Error;
+                r.error = Some(format!("stripping test infrastructure: {e}"));
+                false
+            }
+        },
+        IntegrityAction::Clean | IntegrityAction::Ignored => true,
     }
 }
 
@@ -216,7 +297,22 @@ fn run_phases(
         .as_ref()
         .map(|a| a.files.clone())
         .unwrap_or_default();
+    if !enforce_integrity(cfg, inst, &ws, &snap, &written, r) {
+        r.timings.apply = t1.elapsed().as_secs_f64();
+        return;
+    }
     if !inst.test_patch.trim().is_empty() {
+        // As SWE-bench does: the files the test patch touches are reset to the base commit
+        // first, so model edits to them are discarded.
+        let test_paths: Vec<String> = integrity::patch_paths(&inst.test_patch)
+            .into_iter()
+            .collect();
+        if let Err(e) = integrity::restore_to_base(ws.repo(), &snap, &test_paths) {
+            r.status = RunStatus::TestPatchFailed;
+            r.error = Some(format!("resetting the test patch's files: {e}"));
+            return;
+        }
+        written.extend(test_paths);
         match apply::apply_diff(ws.repo(), &inst.test_patch, "test patch") {
             Ok(a) => written.extend(a.files),
             Err(e) => {
@@ -235,14 +331,25 @@ fn run_phases(
     let t2 = Instant::now();
     let tc = cfg.commands.lookup(&inst.repo, Some(inst.version.as_str()));
     let files = apply::test_files(&inst.test_patch);
-    let args = tc.args_for(&files);
+    let ini = match pytest_ini(&ws, &snap) {
+        Ok(p) => p,
+        Err(e) => {
+            r.error = Some(e);
+            return;
+        }
+    };
+    let args = tc.hardened_args(&files, ws.repo(), &ini);
+    let hardened =
+        args.first().is_some_and(|a| a == "-c") && args.get(1).is_some_and(|a| a == BOOTSTRAP);
+    let nonce = one_time_nonce();
     r.command = std::iter::once(cfg.python.program.display().to_string())
         .chain(args.iter().cloned())
         .collect();
     let cmd = JailCommand {
         program: cfg.python.program.clone(),
         args: args.into_iter().map(Into::into).collect(),
-        env: vec![],
+        env: vec![("PYTEST_DISABLE_PLUGIN_AUTOLOAD".into(), "1".into())],
+        stdin: hardened.then(|| format!("{nonce}\n").into_bytes()),
     };
     let paths = ws.jail_paths(cfg.python.read_roots.clone());
     let out = match run_jailed(&cmd, &paths, &cfg.policy, &cfg.limits, ws.ids()) {
@@ -254,8 +361,18 @@ fn run_phases(
     };
     r.timings.tests = t2.elapsed().as_secs_f64();
     let parser = tc.runner.parser();
-    r.tests = parser.parse(&out.output.tail);
-    let g = grade(&r.tests, parser, &inst.fail_to_pass, &inst.pass_to_pass);
+    let log = if hardened {
+        runner_log(&out.output.tail, &nonce)
+    } else {
+        Some(out.output.tail.as_str())
+    };
+    r.tests = log.map(|l| parser.parse(l)).unwrap_or_default();
+    let mut g = grade(&r.tests, parser, &inst.fail_to_pass, &inst.pass_to_pass);
+    if log.is_none() {
+        g.reason = Some(
+            "the test runner did not finish (no end marker: os._exit, a crash or a kill)".into(),
+        );
+    }
     r.resolved = g.resolved;
     r.status = if g.resolved {
         RunStatus::Resolved

@@ -76,6 +76,97 @@ impl TestCommand {
         }
         a
     }
+
+    /// The argument list run in the sandbox: `-m pytest` / `-m unittest` replaced by the
+    /// hardened [`BOOTSTRAP`] (runner imported before the repository is on `sys.path`, end
+    /// marker after it returns), pytest with `-p no:cacheprovider`, a fixed `--rootdir` and
+    /// `--confcutdir` (the repository) and an explicit ini file `ini`; unittest with `-b`
+    /// (test output buffered, so it cannot forge progress lines). Other argument lists are kept.
+    pub fn hardened_args(&self, test_files: &[String], repo: &Path, ini: &Path) -> Vec<String> {
+        let args = self.args_for(test_files);
+        let module = match args.as_slice() {
+            [m, name, ..] if m == "-m" && (name == "pytest" || name == "unittest") => name.clone(),
+            _ => return args,
+        };
+        let mut out = vec!["-c".to_string(), BOOTSTRAP.to_string(), module.clone()];
+        if module == "pytest" {
+            out.extend([
+                "-p".to_string(),
+                "no:cacheprovider".to_string(),
+                format!("--rootdir={}", repo.display()),
+                format!("--confcutdir={}", repo.display()),
+                "-c".to_string(),
+                ini.display().to_string(),
+            ]);
+        } else {
+            out.push("-b".to_string());
+        }
+        out.extend(args.into_iter().skip(2));
+        out
+    }
+}
+
+/// The line the hardened runner prints after the test runner returns: `MARKER nonce exit=N`.
+pub const END_MARKER: &str = "@@sorft-runner-end@@";
+
+/// Python code run with `-c` in place of `-m pytest` / `-m unittest`. It drops the working
+/// directory from `sys.path` (like `-P`, so a repository file cannot shadow the runner), imports
+/// the runner and its built-in plugins, puts the repository back on the path, reads a one-time
+/// nonce from stdin (then closed), runs the tests and prints [`END_MARKER`] with the nonce and
+/// exit status. The grader reads only the log before that marker; a run that never prints it
+/// (`os._exit`, a crash, a kill) has no results.
+pub const BOOTSTRAP: &str = r#"import sys, os
+if sys.path and sys.path[0] in ('', '.', os.getcwd()):
+    del sys.path[0]
+def _sorft_run(module, args):
+    import importlib
+    nonce = sys.stdin.readline().strip()
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    if module == 'pytest':
+        import pytest
+        try:
+            from _pytest.config import default_plugins
+        except ImportError:
+            default_plugins = ()
+        for name in default_plugins:
+            try:
+                importlib.import_module('_pytest.' + name)
+            except Exception:
+                pass
+        sys.path.insert(0, os.getcwd())
+        rc = int(pytest.main(args))
+    else:
+        import unittest, unittest.main, unittest.runner, unittest.loader
+        sys.path.insert(0, os.getcwd())
+        prog = unittest.main(module=None, argv=['python -m unittest'] + args, exit=False)
+        rc = 0 if prog.result.wasSuccessful() else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(1, ('\n@@sorft-runner-end@@ %s exit=%d\n' % (nonce, rc)).encode())
+    return rc
+sys.exit(_sorft_run(sys.argv[1], sys.argv[2:]))
+"#;
+
+/// The pytest configuration file a run uses, from the base commit's files (pytest's own order
+/// of precedence at the root): `pytest.ini`, `.pytest.ini`, `pyproject.toml` with
+/// `[tool.pytest.ini_options]`, `tox.ini` with `[pytest]`, `setup.cfg` with `[tool:pytest]`.
+pub fn pytest_config(text_of: impl Fn(&str) -> Option<String>) -> Option<&'static str> {
+    const CANDIDATES: &[(&str, Option<&str>)] = &[
+        ("pytest.ini", None),
+        (".pytest.ini", None),
+        ("pyproject.toml", Some("[tool.pytest.ini_options]")),
+        ("tox.ini", Some("[pytest]")),
+        ("setup.cfg", Some("[tool:pytest]")),
+    ];
+    CANDIDATES.iter().find_map(|(name, section)| {
+        let text = text_of(name)?;
+        match section {
+            Some(sec) if !text.contains(sec) => None,
+            _ => Some(*name),
+        }
+    })
 }
 
 /// Test commands keyed by repository and version.
@@ -159,6 +250,64 @@ impl CommandTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hardened_args_replace_the_module_runner() {
+        let t = CommandTable::default();
+        let p = t.lookup("x/y", None);
+        let a = p.hardened_args(
+            &["t.py".into()],
+            Path::new("/w/repo"),
+            Path::new("/w/p.ini"),
+        );
+        assert_eq!(&a[..3], ["-c", BOOTSTRAP, "pytest"]);
+        for want in [
+            "no:cacheprovider",
+            "--rootdir=/w/repo",
+            "--confcutdir=/w/repo",
+            "/w/p.ini",
+        ] {
+            assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
+        }
+        assert_eq!(a.last().unwrap(), "t.py");
+        assert!(a.iter().any(|x| x == "-rA"));
+        let u = t
+            .lookup("synth/x", None)
+            .hardened_args(&[], Path::new("/r"), Path::new("/i"));
+        assert_eq!(&u[2..], ["unittest", "-b", "-v"]);
+        let custom = TestCommand {
+            runner: Runner::Pytest,
+            args: vec!["runtests.py".into()],
+            pass_files: false,
+        };
+        assert_eq!(
+            custom.hardened_args(&[], Path::new("/r"), Path::new("/i")),
+            ["runtests.py"]
+        );
+    }
+
+    #[test]
+    fn pytest_config_follows_precedence() {
+        let files = |m: &'static [(&'static str, &'static str)]| {
+            move |n: &str| m.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(pytest_config(files(&[])), None);
+        assert_eq!(pytest_config(files(&[("setup.cfg", "[metadata]\n")])), None);
+        assert_eq!(
+            pytest_config(files(&[
+                ("setup.cfg", "[tool:pytest]\n"),
+                ("tox.ini", "[tox]\n")
+            ])),
+            Some("setup.cfg")
+        );
+        assert_eq!(
+            pytest_config(files(&[
+                ("setup.cfg", "[tool:pytest]\n"),
+                ("pytest.ini", "")
+            ])),
+            Some("pytest.ini")
+        );
+    }
 
     #[test]
     fn lookup_prefers_specific_rows() {
