@@ -9,6 +9,7 @@ pub mod generate;
 pub mod interrupt;
 pub mod kernel_bench;
 pub mod model;
+pub mod render;
 pub mod repro;
 pub mod rl;
 pub mod sandbox;
