@@ -33,7 +33,10 @@ fn legacy_chatml(messages: &[Message], add_generation_prompt: bool) -> String {
         s.push_str("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
     }
     for m in messages {
-        s.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+        s.push_str(&format!(
+            "<|im_start|>{}\n{}<|im_end|>\n",
+            m.role, m.content
+        ));
     }
     if add_generation_prompt {
         s.push_str("<|im_start|>assistant\n");
@@ -81,33 +84,34 @@ fn generation_stops_at_any_eos_id_of_generation_config() {
     let prompt = encode(&tok, &[Message::new("user", "def f(x):")], true)
         .unwrap()
         .0;
-    let run = |tok: &Tokenizer| {
+    let run = |stop_ids: Vec<u32>| {
         let req = GenRequest {
             prompt: prompt.clone(),
             params: SamplingParams::greedy(),
             max_new_tokens: 8,
-            stop_ids: tok.stop_ids(),
+            stop_ids,
             ..Default::default()
         };
-        generate(&model, Some(tok), &[req], &GenOptions::default()).unwrap()
+        generate(&model, Some(&tok), &[req], &GenOptions::default()).unwrap()
     };
-    let free = run(&Tokenizer::from_inner(
-        tok.inner().clone(),
-        PathBuf::from("x"),
-    ));
-    let free = &free[0];
-    // Make the greedy path's third token one of three stop ids, as Llama 3.1 lists them.
-    let third = free.ids[2];
-    assert!(!free.ids[..2].contains(&third), "{:?}", free.ids);
-    let gc = serde_json::json!({ "eos_token_id": [9999, third, 9998] });
+    let free = &run(Vec::new())[0];
+    // Make a token of the greedy path (not its first) the middle one of three stop ids, as
+    // Llama 3.1 lists 128001, 128008, 128009.
+    let k = (1..free.ids.len())
+        .find(|&k| !free.ids[..k].contains(&free.ids[k]))
+        .unwrap_or(0);
+    let mid = free.ids[k];
+    let gc = serde_json::json!({ "eos_token_id": [9999, mid, 9998] });
     std::fs::write(dir.path().join("generation_config.json"), gc.to_string()).unwrap();
-    let tok = Tokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
-    let im_end = tok.token_id("<|im_end|>").unwrap();
-    let mut want = vec![third, 9998, 9999, im_end];
+    let tok2 = Tokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+    let im_end = tok2.token_id("<|im_end|>").unwrap();
+    let mut want = vec![mid, 9998, 9999, im_end];
     want.sort_unstable();
-    assert_eq!(tok.stop_ids(), want);
-    let out = &run(&tok)[0];
-    assert_eq!(out.ids, free.ids[..3].to_vec());
+    want.dedup();
+    assert_eq!(tok2.stop_ids(), want);
+    let out = &run(tok2.stop_ids())[0];
+    let first_stop = free.ids.iter().position(|t| want.contains(t)).unwrap();
+    assert_eq!(out.ids, free.ids[..=first_stop].to_vec());
     assert_eq!(out.finish, FinishReason::Stop);
     std::fs::write(
         dir.path().join("generation_config.json"),
@@ -159,29 +163,51 @@ fn bad_templates_and_missing_templates_are_one_clear_error_naming_the_file() {
     std::fs::write(&msgs, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
     let (code, out, _) = sorft_render(dir.path(), &msgs, &["--add-generation-prompt"]);
     assert_eq!(code, 0);
-    assert!(String::from_utf8(out).unwrap().ends_with("hi<|im_end|>\n<|im_start|>assistant\n"));
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .ends_with("hi<|im_end|>\n<|im_start|>assistant\n"));
     let cfg_path = dir.path().join("tokenizer_config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     let set = |cfg: &mut Value, t: Value| {
         cfg["chat_template"] = t;
         std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     };
     set(&mut cfg, Value::Null);
     let e = render_error(dir.path(), &msgs);
-    assert!(e.contains("tokenizer_config.json") && e.contains("chat_template"), "{e}");
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("chat_template"),
+        "{e}"
+    );
     set(&mut cfg, "{{ messages | frobnicate }}".into());
     let e = render_error(dir.path(), &msgs);
-    assert!(e.contains("tokenizer_config.json") && e.contains("frobnicate"), "{e}");
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("frobnicate"),
+        "{e}"
+    );
     set(&mut cfg, "{% if %}".into());
     let e = render_error(dir.path(), &msgs);
-    assert!(e.contains("tokenizer_config.json") && e.contains("syntax"), "{e}");
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("syntax"),
+        "{e}"
+    );
     // chat_template.jinja beside the config wins, and its errors name it.
-    std::fs::write(dir.path().join("chat_template.jinja"), "{{ raise_exception('no system role') }}").unwrap();
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{{ raise_exception('no system role') }}",
+    )
+    .unwrap();
     let e = render_error(dir.path(), &msgs);
-    assert!(e.contains("chat_template.jinja") && e.contains("no system role"), "{e}");
+    assert!(
+        e.contains("chat_template.jinja") && e.contains("no system role"),
+        "{e}"
+    );
     std::fs::write(&msgs, r#"[{"role": "user"}]"#).unwrap();
     let e = render_error(dir.path(), &msgs);
-    assert!(e.contains("m.json") && e.contains("messages[0].content"), "{e}");
+    assert!(
+        e.contains("m.json") && e.contains("messages[0].content"),
+        "{e}"
+    );
 }
 
 // ---- parity with transformers ----
@@ -193,7 +219,8 @@ struct Deps {
 }
 
 fn deps() -> Option<Deps> {
-    let venv = std::env::var_os("SORFT_CHAT_VENV").map_or("/tmp/sorft-ci-venv".into(), PathBuf::from);
+    let venv =
+        std::env::var_os("SORFT_CHAT_VENV").map_or("/tmp/sorft-ci-venv".into(), PathBuf::from);
     let cache = std::env::var_os("SORFT_TOKENIZER_CACHE")
         .map_or("/tmp/sorft-tokenizer-cache".into(), PathBuf::from);
     let d = Deps {
@@ -238,36 +265,57 @@ fn reference(d: &Deps, model: &Path) -> Vec<Value> {
         .clone()
 }
 
-/// Compares `sorft model render` with each reference case; returns the mismatches.
+/// Compares sorft's rendering, ids and mask with each reference case (through the library; for
+/// one conversation also through `sorft model render`); returns the mismatches.
 fn mismatches(model: &Path, cases: &[Value], scratch: &Path) -> Vec<String> {
-    let convs: Vec<Value> = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("conversations.json")).unwrap(),
-    )
-    .unwrap();
+    let convs = conversations();
+    let tok = Tokenizer::from_file(&model.join("tokenizer.json")).unwrap();
     let mut bad = Vec::new();
     for c in cases {
         let i = c["conversation"].as_u64().unwrap() as usize;
         let gen = c["add_generation_prompt"].as_bool().unwrap();
-        let f = scratch.join(format!("conv{i}.json"));
-        std::fs::write(&f, convs[i].to_string()).unwrap();
-        let flag: &[&str] = if gen { &["--add-generation-prompt"] } else { &[] };
-        let (code, text, err) = sorft_render(model, &f, flag);
         let want = c["text"].as_str().unwrap();
-        if code != 0 || text != want.as_bytes() {
+        let text = render(&tok, &convs[i], gen).unwrap_or_else(|e| e.to_string());
+        if text != want {
             bad.push(format!(
-                "conversation {i} gen={gen}: text {:?} != transformers {want:?} {err}",
-                String::from_utf8_lossy(&text)
+                "conversation {i} gen={gen}: text {text:?} != transformers {want:?}"
             ));
             continue;
         }
-        for (key, opt) in [("ids", "--ids"), ("mask", "--mask")] {
-            let Some(want) = c.get(key) else { continue };
-            let mut args = flag.to_vec();
-            args.push(opt);
+        let (ids, mask) = encode(&tok, &convs[i], gen).unwrap();
+        for (key, got) in [
+            ("ids", serde_json::json!(ids)),
+            ("mask", serde_json::json!(mask)),
+        ] {
+            match c.get(key) {
+                Some(want) if *want != got => {
+                    bad.push(format!("conversation {i} gen={gen}: {key} {got} != {want}"))
+                }
+                _ => {}
+            }
+        }
+        if i == 3 {
+            let f = scratch.join(format!("conv{i}.json"));
+            std::fs::write(&f, serde_json::to_string(&convs[i]).unwrap()).unwrap();
+            let mut args: Vec<&str> = if gen {
+                vec!["--add-generation-prompt"]
+            } else {
+                vec![]
+            };
+            let (code, out, err) = sorft_render(model, &f, &args);
+            if code != 0 || out != want.as_bytes() {
+                bad.push(format!(
+                    "conversation {i} gen={gen}: `sorft model render` printed {:?} {err}",
+                    String::from_utf8_lossy(&out)
+                ));
+            }
+            args.push("--ids");
             let (_, out, err) = sorft_render(model, &f, &args);
             let got: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
-            if &got != want {
-                bad.push(format!("conversation {i} gen={gen}: {key} {got} != {want} {err}"));
+            if got != c["ids"] {
+                bad.push(format!(
+                    "conversation {i} gen={gen}: `sorft model render --ids` printed {got} {err}"
+                ));
             }
         }
     }
@@ -297,18 +345,34 @@ fn render_is_byte_equal_to_transformers_apply_chat_template() {
         fixture_dir("qwen2_5_generation", &d.qwen3, tmp.path()),
     ];
     let mut bad = Vec::new();
+    let mut qwen2_5 = Vec::new();
     for m in &models {
         let cases = reference(&d, m);
         assert_eq!(cases.len(), 2 * conversations().len());
-        bad.extend(mismatches(m, &cases, tmp.path()).into_iter().map(|b| format!("{}: {b}", m.display())));
+        if m.ends_with("qwen2_5") {
+            qwen2_5 = cases.clone();
+        }
+        bad.extend(
+            mismatches(m, &cases, tmp.path())
+                .into_iter()
+                .map(|b| format!("{}: {b}", m.display())),
+        );
     }
-    assert!(bad.is_empty(), "{} mismatches:\n{}", bad.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
     // The check catches a planted difference: a template with another default system prompt.
     let planted = fixture_dir("qwen2_5", &d.qwen3, &tmp.path().join("planted"));
     let cfg_path = planted.join("tokenizer_config.json");
     let cfg = std::fs::read_to_string(&cfg_path).unwrap();
-    std::fs::write(&cfg_path, cfg.replace("created by Alibaba Cloud", "made by Alibaba")).unwrap();
-    let cases = reference(&d, &models[2]);
-    let bad = mismatches(&planted, &cases, tmp.path());
+    std::fs::write(
+        &cfg_path,
+        cfg.replace("created by Alibaba Cloud", "made by Alibaba"),
+    )
+    .unwrap();
+    let bad = mismatches(&planted, &qwen2_5, tmp.path());
     assert_eq!(bad.len(), 8, "{bad:?}");
 }

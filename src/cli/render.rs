@@ -48,7 +48,10 @@ pub fn read_messages(path: &Path) -> Result<Vec<Message>> {
         .map(|(i, m)| {
             let field = |k: &str| {
                 m.get(k).and_then(Value::as_str).with_context(|| {
-                    format!("{}: messages[{i}].{k}: missing or not a string", path.display())
+                    format!(
+                        "{}: messages[{i}].{k}: missing or not a string",
+                        path.display()
+                    )
                 })
             };
             Ok(Message::new(field("role")?, field("content")?))

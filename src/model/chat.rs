@@ -60,7 +60,11 @@ fn template_messages(messages: &[Message]) -> Result<Vec<TemplateMessage<'_>>> {
 
 /// Renders a conversation with the model's chat template, with the assistant opener when
 /// `add_generation_prompt`: the exact text sorft feeds the model.
-pub fn render(tok: &Tokenizer, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+pub fn render(
+    tok: &Tokenizer,
+    messages: &[Message],
+    add_generation_prompt: bool,
+) -> Result<String> {
     tok.chat_template()?
         .render(&template_messages(messages)?, add_generation_prompt)
 }
@@ -121,7 +125,10 @@ pub fn assistant_spans(
             ));
         }
         let upto = t.render(&msgs[..=i], false)?;
-        let span = if upto.len() > before.len() && upto.starts_with(&before) && text.starts_with(&upto) {
+        let span = if upto.len() > before.len()
+            && upto.starts_with(&before)
+            && text.starts_with(&upto)
+        {
             trim_after_stop(&text, before.len()..upto.len(), &stops)
         } else {
             let rest = &text[before.len()..];
@@ -134,7 +141,11 @@ pub fn assistant_spans(
                 })?;
             before.len()..before.len() + end
         };
-        if span.is_empty() || spans.last().is_some_and(|p: &Range<usize>| p.end > span.start) {
+        if span.is_empty()
+            || spans
+                .last()
+                .is_some_and(|p: &Range<usize>| p.end > span.start)
+        {
             return Err(no_mask(t, &format!("message {i} has no text of its own")));
         }
         spans.push(span);
@@ -210,7 +221,12 @@ mod tests {
 
     fn masked_text(tok: &Tokenizer, messages: &[Message]) -> String {
         let (ids, mask) = encode(tok, messages, false).unwrap();
-        let on: Vec<u32> = ids.iter().zip(&mask).filter(|p| *p.1 == 1).map(|p| *p.0).collect();
+        let on: Vec<u32> = ids
+            .iter()
+            .zip(&mask)
+            .filter(|p| *p.1 == 1)
+            .map(|p| *p.0)
+            .collect();
         tok.decode(&on, false).unwrap()
     }
 
@@ -261,7 +277,10 @@ mod tests {
         let inner = crate::model::init::train_tokenizer(&["hello".to_string()], 300).unwrap();
         let tok = Tokenizer::from_inner(inner, "m/tokenizer.json".into());
         let e = render(&tok, &conv(), true).unwrap_err().to_string();
-        assert!(e.contains("m/tokenizer_config.json") && e.contains("chat_template"), "{e}");
+        assert!(
+            e.contains("m/tokenizer_config.json") && e.contains("chat_template"),
+            "{e}"
+        );
         let tok = tok_with(CHATML);
         assert!(render(&tok, &[Message::new("tool", "x")], false).is_err());
     }

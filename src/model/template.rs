@@ -99,7 +99,11 @@ fn template_source(v: &Json, path: &Path) -> Result<String> {
             .and_then(Json::as_str)
             .map(str::to_string)
             .ok_or_else(|| {
-                ModelError::invalid(path, "chat_template", "a list of templates without \"default\"")
+                ModelError::invalid(
+                    path,
+                    "chat_template",
+                    "a list of templates without \"default\"",
+                )
             }),
         other => Err(ModelError::invalid(
             path,
@@ -153,9 +157,12 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<Value, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_function("strftime_now", strftime_now);
         env.add_filter("__sorft_generation", |s: String| {
             format!("{GEN_START}{s}{GEN_END}")
@@ -201,7 +208,11 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation, with the assistant opener when `add_generation_prompt`.
-    pub fn render(&self, messages: &[TemplateMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn render(
+        &self,
+        messages: &[TemplateMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         Ok(self.render_marked(messages, add_generation_prompt)?.0)
     }
 
@@ -211,10 +222,9 @@ impl ChatTemplate {
         messages: &[TemplateMessage],
         add_generation_prompt: bool,
     ) -> Result<(String, Vec<Range<usize>>)> {
-        if messages
-            .iter()
-            .any(|m| m.content.contains([GEN_START, GEN_END]) || m.role.contains([GEN_START, GEN_END]))
-        {
+        if messages.iter().any(|m| {
+            m.content.contains([GEN_START, GEN_END]) || m.role.contains([GEN_START, GEN_END])
+        }) {
             return Err(ModelError::Input(format!(
                 "a message contains the reserved characters U+{:X}/U+{:X}",
                 GEN_START as u32, GEN_END as u32
@@ -223,19 +233,26 @@ impl ChatTemplate {
         let mut ctx: BTreeMap<String, Value> = self
             .specials
             .iter()
-            .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
+            .map(|(k, v)| (k.clone(), Value::from(minijinja::value::Serde(v))))
             .collect();
-        ctx.insert("messages".into(), Value::from_serialize(messages));
-        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+        ctx.insert(
+            "messages".into(),
+            Value::from(minijinja::value::Serde(messages)),
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
         ctx.insert("tools".into(), Value::from(()));
         ctx.insert("documents".into(), Value::from(()));
-        let tmpl = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| self.error(&e))?;
+        let tmpl = self.env.get_template(NAME).map_err(|e| self.error(&e))?;
         let marked = tmpl.render(ctx).map_err(|e| self.error(&e))?;
         split_marks(&marked).ok_or_else(|| {
-            ModelError::invalid(&self.origin, "chat_template", "unbalanced {% generation %} blocks")
+            ModelError::invalid(
+                &self.origin,
+                "chat_template",
+                "unbalanced {% generation %} blocks",
+            )
         })
     }
 
@@ -304,7 +321,12 @@ mod tests {
     #[test]
     fn python_methods_namespaces_and_negative_indices_work() {
         let t = tmpl("{% set ns = namespace(n=0) %}{% for m in messages[::-1] %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}|{{ messages[-1].content.split('</think>')[-1].lstrip('\\n') }}|{{ messages[0].content.startswith('a') }}");
-        let s = t.render(&msgs(&[("user", "ab"), ("assistant", "x</think>\n\ny")]), false).unwrap();
+        let s = t
+            .render(
+                &msgs(&[("user", "ab"), ("assistant", "x</think>\n\ny")]),
+                false,
+            )
+            .unwrap();
         assert_eq!(s, "2|y|true");
     }
 
@@ -313,9 +335,20 @@ mod tests {
         let t = tmpl("{% for m in messages %}[{{ m.role }}]{% if m.role == 'assistant' %}{% generation %}{{ m.content }}</s>{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}");
         assert!(t.has_generation());
         let (text, spans) = t
-            .render_marked(&msgs(&[("user", "q"), ("assistant", "a1"), ("user", "r"), ("assistant", "a2")]), false)
+            .render_marked(
+                &msgs(&[
+                    ("user", "q"),
+                    ("assistant", "a1"),
+                    ("user", "r"),
+                    ("assistant", "a2"),
+                ]),
+                false,
+            )
             .unwrap();
-        assert_eq!(text, "[user]q\n[assistant]a1</s>\n[user]r\n[assistant]a2</s>\n");
+        assert_eq!(
+            text,
+            "[user]q\n[assistant]a1</s>\n[user]r\n[assistant]a2</s>\n"
+        );
         let got: Vec<&str> = spans.iter().map(|r| &text[r.clone()]).collect();
         assert_eq!(got, ["a1</s>", "a2</s>"]);
     }
@@ -326,19 +359,35 @@ mod tests {
         let e = ChatTemplate::new("{% for %}", Path::new("dir/tokenizer_config.json"), &cfg)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("dir/tokenizer_config.json: chat_template:"), "{e}");
+        assert!(
+            e.starts_with("dir/tokenizer_config.json: chat_template:"),
+            "{e}"
+        );
         let t = tmpl("{{ raise_exception('roles must alternate') }}");
         let e = t.render(&[], false).unwrap_err().to_string();
-        assert!(e.contains("roles must alternate") && e.contains("t.json"), "{e}");
+        assert!(
+            e.contains("roles must alternate") && e.contains("t.json"),
+            "{e}"
+        );
         let t = tmpl("{{ messages | no_such_filter }}");
         let e = t.render(&[], false).unwrap_err().to_string();
-        assert!(e.contains("no_such_filter") || e.contains("unknown filter"), "{e}");
-        let e = template_source(&serde_json::json!([{"name": "tool_use", "template": "x"}]), Path::new("c.json"))
-            .unwrap_err()
-            .to_string();
+        assert!(
+            e.contains("no_such_filter") || e.contains("unknown filter"),
+            "{e}"
+        );
+        let e = template_source(
+            &serde_json::json!([{"name": "tool_use", "template": "x"}]),
+            Path::new("c.json"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("default"), "{e}");
         assert_eq!(
-            template_source(&serde_json::json!([{"name": "default", "template": "x"}]), Path::new("c.json")).unwrap(),
+            template_source(
+                &serde_json::json!([{"name": "default", "template": "x"}]),
+                Path::new("c.json")
+            )
+            .unwrap(),
             "x"
         );
     }
