@@ -327,7 +327,7 @@ mod tests {
                 false,
             )
             .unwrap();
-        assert_eq!(s, "2|y|true");
+        assert_eq!(s, "2|y|True");
     }
 
     #[test]
@@ -345,10 +345,7 @@ mod tests {
                 false,
             )
             .unwrap();
-        assert_eq!(
-            text,
-            "[user]q\n[assistant]a1</s>\n[user]r\n[assistant]a2</s>\n"
-        );
+        assert_eq!(text, "[user]q[assistant]a1</s>[user]r[assistant]a2</s>");
         let got: Vec<&str> = spans.iter().map(|r| &text[r.clone()]).collect();
         assert_eq!(got, ["a1</s>", "a2</s>"]);
     }
