@@ -10,6 +10,7 @@ pub mod generate;
 pub mod init;
 pub mod kv_cache;
 pub mod template;
+pub mod tojson;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
