@@ -180,6 +180,27 @@ fn bad_templates_and_missing_templates_are_one_clear_error_naming_the_file() {
         e.contains("tokenizer_config.json") && e.contains("chat_template"),
         "{e}"
     );
+    // `generate --chat` on a model without a template: the same one line, exit 1.
+    let out = Command::new(env!("CARGO_BIN_EXE_sorft"))
+        .args([
+            "generate",
+            "--chat",
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "2",
+            "--model",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("tokenizer_config.json: chat_template: missing"),
+        "{stderr}"
+    );
     set(&mut cfg, "{{ messages | frobnicate }}".into());
     let e = render_error(dir.path(), &msgs);
     assert!(
