@@ -28,7 +28,7 @@ pub struct GenerateArgs {
     /// temperature, top_k, top_p, seed, max_new_tokens. Output is JSONL.
     #[arg(long)]
     pub prompts: Option<PathBuf>,
-    /// Wrap prompts in the ChatML template as a user message.
+    /// Wrap prompts in the model's chat template as a user message.
     #[arg(long)]
     pub chat: bool,
     /// Most new tokens per sequence.

@@ -10,6 +10,7 @@ pub mod interrupt;
 pub mod kernel_bench;
 pub mod model;
 pub mod plan;
+pub mod render;
 pub mod repro;
 pub mod rl;
 pub mod sandbox;

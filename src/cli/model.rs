@@ -1,4 +1,5 @@
-//! `sorft model init|info`: create the embedded default model, describe a model directory.
+//! `sorft model init|info|render`: create the embedded default model, describe a model directory,
+//! render a conversation in its chat template.
 
 use std::path::PathBuf;
 
@@ -40,6 +41,8 @@ pub enum ModelCommand {
         /// Model directory.
         dir: PathBuf,
     },
+    /// Print the exact prompt text (or ids) of a conversation in the model's chat template.
+    Render(crate::cli::render::RenderArgs),
 }
 
 /// Runs `sorft model`.
@@ -73,6 +76,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
             Ok(())
         }
         ModelCommand::Info { dir } => info(&dir),
+        ModelCommand::Render(r) => crate::cli::render::run(r),
     }
 }
 
@@ -139,6 +143,10 @@ fn info(dir: &std::path::Path) -> Result<()> {
             t.vocab_size(),
             t.stop_ids()
         );
+        match t.chat_template() {
+            Ok(c) => println!("chat template: {}", c.origin().display()),
+            Err(_) => println!("chat template: none"),
+        }
     } else {
         outln!(out, "tokenizer:    none");
     }

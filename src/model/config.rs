@@ -92,14 +92,60 @@ fn get_bool(v: &Value, key: &str, default: bool, path: &Path) -> Result<bool> {
 
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|x| u32::try_from(x).ok())
+            .map(|x| vec![x])
+            .unwrap_or_default(),
         Some(Value::Array(a)) => a
             .iter()
             .filter_map(|x| x.as_u64())
-            .map(|x| x as u32)
+            .filter_map(|x| u32::try_from(x).ok())
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// The stop token ids of a model directory: `eos_token_id` of `generation_config.json` (one id or
+/// a list, as Llama 3.1's 128001, 128008, 128009), else of `config.json`; empty when neither names
+/// one. A value that is not an id or a list of ids is an error naming the file.
+pub fn generation_eos_ids(dir: &Path) -> Result<Vec<u32>> {
+    for name in ["generation_config.json", "config.json"] {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::invalid(&path, "json", e.to_string()))?;
+        let ids = match v.get("eos_token_id") {
+            None | Some(Value::Null) => continue,
+            Some(x @ (Value::Number(_) | Value::Array(_))) => {
+                let n = match x {
+                    Value::Array(a) => a.len(),
+                    _ => 1,
+                };
+                let ids = token_ids(Some(x));
+                if ids.len() != n {
+                    return Err(ModelError::invalid(
+                        &path,
+                        "eos_token_id",
+                        format!("expected token ids, got {x}"),
+                    ));
+                }
+                ids
+            }
+            Some(x) => {
+                return Err(ModelError::invalid(
+                    &path,
+                    "eos_token_id",
+                    format!("expected a token id or a list of them, got {x}"),
+                ))
+            }
+        };
+        return Ok(ids);
+    }
+    Ok(Vec::new())
 }
 
 impl ModelConfig {

@@ -78,7 +78,7 @@ impl Preset {
     }
 }
 
-/// Trains a byte-level BPE tokenizer with the ChatML special tokens.
+/// Trains a byte-level BPE tokenizer with the ChatML special tokens (those of [`CHAT_TEMPLATE`]).
 pub fn train_tokenizer(texts: &[String], vocab: usize) -> Result<tokenizers::Tokenizer> {
     let err = |e: tokenizers::Error| ModelError::invalid("tokenizer.json", "train", e.to_string());
     let specials: Vec<AddedToken> = [END_OF_TEXT, IM_START, IM_END]
@@ -178,7 +178,9 @@ pub struct InitSummary {
     pub tokenizer_vocab: usize,
 }
 
-const CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+/// The presets' chat template (ChatML with Qwen2's default system message), shipped in their
+/// `tokenizer_config.json` like any Hugging Face model's.
+pub const CHAT_TEMPLATE: &str = "{% if not messages or messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     let text = serde_json::to_string_pretty(v)

@@ -1,6 +1,6 @@
 //! Models: Hugging Face configs, memory-mapped safetensors weights, the Qwen2/Llama transformer
-//! forward with a KV cache, batched generation, the tokenizer with the ChatML template, and the
-//! embedded default model.
+//! forward with a KV cache, batched generation, the tokenizer with the model's own chat
+//! template and stop tokens, and the embedded default model.
 
 pub mod chat;
 pub mod config;
@@ -10,6 +10,8 @@ pub mod generate;
 pub mod init;
 pub mod kv_cache;
 pub mod plan;
+pub mod template;
+pub mod tojson;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;

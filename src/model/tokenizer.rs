@@ -1,8 +1,14 @@
-//! The tokenizer: a Hugging Face `tokenizer.json` through the `tokenizers` crate.
+//! The tokenizer: a Hugging Face `tokenizer.json` through the `tokenizers` crate, with what the
+//! files beside it say about conversations: the chat template (`tokenizer_config.json` or
+//! `chat_template.jinja`) and the stop tokens (`generation_config.json`, `config.json`, the
+//! tokenizer config's `eos_token`).
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value as Json;
+
 use crate::model::error::{ModelError, Result};
+use crate::model::template::{token_text, ChatTemplate};
 
 /// The ChatML turn opener.
 pub const IM_START: &str = "<|im_start|>";
@@ -11,14 +17,25 @@ pub const IM_END: &str = "<|im_end|>";
 /// The end-of-text token.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
 
-/// A loaded tokenizer with the special tokens sorft uses.
+/// A loaded tokenizer with the chat template and stop tokens of its model directory.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    chat: Option<ChatTemplate>,
+    stop_ids: Vec<u32>,
+}
+
+/// Reads a JSON file of the model directory, `Null` when it does not exist.
+fn read_json(path: &Path) -> Result<Json> {
+    if !path.exists() {
+        return Ok(Json::Null);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::invalid(path, "json", e.to_string()))
 }
 
 impl Tokenizer {
-    /// Loads `tokenizer.json`.
+    /// Loads `tokenizer.json`, and from the same directory the chat template and the stop tokens.
     pub fn from_file(path: &Path) -> Result<Self> {
         if !path.exists() {
             return Err(ModelError::io(
@@ -28,15 +45,57 @@ impl Tokenizer {
         }
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| ModelError::invalid(path, "tokenizer", e.to_string()))?;
-        Ok(Self {
-            inner,
-            path: path.to_path_buf(),
-        })
+        let mut tok = Self::from_inner(inner, path.to_path_buf());
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let config = read_json(&dir.join("tokenizer_config.json"))?;
+        tok.chat = ChatTemplate::load(dir, &config)?;
+        let mut stops = crate::model::config::generation_eos_ids(dir)?;
+        if let Some(id) = config
+            .get("eos_token")
+            .and_then(token_text)
+            .and_then(|t| tok.token_id(&t))
+        {
+            stops.push(id);
+        }
+        if !stops.is_empty() {
+            stops.sort_unstable();
+            stops.dedup();
+            tok.stop_ids = stops;
+        }
+        Ok(tok)
     }
 
-    /// Wraps an in-memory tokenizer (`path` is used in messages).
+    /// Wraps an in-memory tokenizer (`path` is used in messages): no chat template, and
+    /// `<|im_end|>` and `<|endoftext|>` as stop tokens where present.
     pub fn from_inner(inner: tokenizers::Tokenizer, path: PathBuf) -> Self {
-        Self { inner, path }
+        let stop_ids = [IM_END, END_OF_TEXT]
+            .iter()
+            .filter_map(|t| inner.token_to_id(t))
+            .collect();
+        Self {
+            inner,
+            path,
+            chat: None,
+            stop_ids,
+        }
+    }
+
+    /// The same tokenizer with a chat template.
+    pub fn with_chat_template(mut self, template: ChatTemplate) -> Self {
+        self.chat = Some(template);
+        self
+    }
+
+    /// The model's chat template, or an error naming the file that lacks one.
+    pub fn chat_template(&self) -> Result<&ChatTemplate> {
+        self.chat.as_ref().ok_or_else(|| {
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            ModelError::invalid(
+                dir.join("tokenizer_config.json"),
+                "chat_template",
+                "missing (and no chat_template.jinja beside it): this model has no chat format",
+            )
+        })
     }
 
     /// The underlying `tokenizers` object.
@@ -100,11 +159,10 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// End-of-sequence ids: `<|im_end|>` and `<|endoftext|>` where present.
+    /// Stop token ids: every `eos_token_id` of `generation_config.json` (else `config.json`) and
+    /// the tokenizer config's `eos_token`; for a tokenizer without those, `<|im_end|>` and
+    /// `<|endoftext|>` where present.
     pub fn stop_ids(&self) -> Vec<u32> {
-        [IM_END, END_OF_TEXT]
-            .iter()
-            .filter_map(|t| self.token_id(t))
-            .collect()
+        self.stop_ids.clone()
     }
 }

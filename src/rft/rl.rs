@@ -1004,6 +1004,7 @@ pub fn export_policy<B: Backend>(
         "generation_config.json",
         "tokenizer.json",
         "tokenizer_config.json",
+        "chat_template.jinja",
     ] {
         let src = src_dir.join(f);
         if src.exists() {

@@ -246,10 +246,11 @@ pub fn host_tensors<B: Backend>(
 }
 
 /// Files copied from the base model into checkpoints and exports.
-pub const MODEL_SIDE_FILES: [&str; 4] = [
+pub const MODEL_SIDE_FILES: [&str; 5] = [
     "config.json",
     "tokenizer.json",
     "tokenizer_config.json",
+    "chat_template.jinja",
     "generation_config.json",
 ];
 

@@ -1,6 +1,6 @@
 //! JSONL for supervised fine-tuning: chat lines `{"messages":[{"role":..,"content":..},..]}`
-//! (optional `"weight"`), encoded with the ChatML template so that the loss falls on assistant
-//! tokens only, and plain-text lines `{"text": ".."}` for causal language modelling (loss on every
+//! (optional `"weight"`), encoded with the model's chat template so that the loss falls on
+//! assistant tokens only, and plain-text lines `{"text": ".."}` for causal language modelling (loss on every
 //! token; long documents are cut into windows); a deterministic held-out split; packed batches per
 //! epoch.
 
