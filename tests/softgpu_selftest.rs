@@ -94,7 +94,7 @@ fn every_kernel_the_backend_launches_is_built_into_the_software_gpu() {
         .into_iter()
         .filter(|k| !built.contains(k))
         .collect();
-    assert!(built.len() > 100, "{built:?}");
+    assert!(built.len() > 50, "{built:?}");
     assert!(missing.is_empty(), "launched but not built: {missing:?}");
 }
 
