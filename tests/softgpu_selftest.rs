@@ -207,3 +207,20 @@ fn a_causal_mask_that_lets_a_row_see_the_next_key_fails_the_comparison() {
     };
     assert!(t.contains("FAIL attention_train out"), "{t}");
 }
+
+#[test]
+fn a_missing_barrier_before_a_tile_is_overwritten_is_a_shared_memory_race() {
+    // The GEMM's second barrier keeps the next K tile from overwriting the one still being read:
+    // without it every input is initialised, so only the race mode can see the bug.
+    let end_of_k_step = "                for (int j = 0; j < 4; j++) acc[i][j] += ra[i] * rb[j];\n        }\n        __syncthreads();\n    }";
+    let k = planted(
+        "gemm.cu",
+        end_of_k_step,
+        "                for (int j = 0; j < 4; j++) acc[i][j] += ra[i] * rb[j];\n        }\n    }",
+    );
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(t.contains("race on shared memory"), "{t}");
+    assert!(t.contains("kernel gemm_"), "{t}");
+}
