@@ -224,3 +224,18 @@ fn a_missing_barrier_before_a_tile_is_overwritten_is_a_shared_memory_race() {
     assert!(t.contains("race on shared memory"), "{t}");
     assert!(t.contains("kernel gemm_"), "{t}");
 }
+
+#[test]
+fn an_integer_division_by_zero_in_a_kernel_is_reported_not_a_crash() {
+    // A GPU returns an unspecified value; the host traps: the trap fails the launch, naming it.
+    let k = planted(
+        "elementwise.cu",
+        "u32 half = head_dim / 2;",
+        "u32 half = head_dim / (head_dim / 256);",
+    );
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(t.contains("integer division by zero"), "{t}");
+    assert!(t.contains("kernel rope_"), "{t}");
+}
