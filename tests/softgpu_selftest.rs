@@ -94,7 +94,7 @@ fn every_kernel_the_backend_launches_is_built_into_the_software_gpu() {
         .into_iter()
         .filter(|k| !built.contains(k))
         .collect();
-    assert!(built.len() > 100, "{built:?}");
+    assert!(built.len() > 50, "{built:?}");
     assert!(missing.is_empty(), "launched but not built: {missing:?}");
 }
 
@@ -206,4 +206,36 @@ fn a_causal_mask_that_lets_a_row_see_the_next_key_fails_the_comparison() {
         return;
     };
     assert!(t.contains("FAIL attention_train out"), "{t}");
+}
+
+#[test]
+fn a_missing_barrier_before_a_tile_is_overwritten_is_a_shared_memory_race() {
+    // The GEMM's second barrier keeps the next K tile from overwriting the one still being read:
+    // without it every input is initialised, so only the race mode can see the bug.
+    let end_of_k_step = "                for (int j = 0; j < 4; j++) acc[i][j] += ra[i] * rb[j];\n        }\n        __syncthreads();\n    }";
+    let k = planted(
+        "gemm.cu",
+        end_of_k_step,
+        "                for (int j = 0; j < 4; j++) acc[i][j] += ra[i] * rb[j];\n        }\n    }",
+    );
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(t.contains("race on shared memory"), "{t}");
+    assert!(t.contains("kernel gemm_"), "{t}");
+}
+
+#[test]
+fn an_integer_division_by_zero_in_a_kernel_is_reported_not_a_crash() {
+    // A GPU returns an unspecified value; the host traps: the trap fails the launch, naming it.
+    let k = planted(
+        "elementwise.cu",
+        "u32 half = head_dim / 2;",
+        "u32 half = head_dim / (head_dim / 256);",
+    );
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(t.contains("integer division by zero"), "{t}");
+    assert!(t.contains("kernel rope_"), "{t}");
 }

@@ -23,7 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <ucontext.h>
 #include <time.h>
 
 #include <map>
@@ -513,6 +515,49 @@ std::map<std::string, Kernel*>& kernels() {
     return k;
 }
 
+// A hardware trap inside kernel code (integer division by zero, which a GPU answers with garbage
+// but the host traps on; a wild access the instrumentation does not see, as in a struct copy)
+// fails the launch with the kernel and thread named. Traps elsewhere go to the previous handler.
+struct sigaction g_old_segv, g_old_fpe, g_old_bus;
+
+void fault_handler(int sig, siginfo_t* si, void* uc) {
+    if (g_cur >= 0 && g_kernel) {
+        void* pc = (void*)((ucontext_t*)uc)->uc_mcontext.gregs[REG_RIP];
+        if (sig == SIGFPE)
+            kernel_fail(CUDA_ERROR_LAUNCH_FAILED, (char*)pc + 1,
+                        "integer division by zero (a GPU returns an unspecified value; the host traps)");
+        kernel_fail(CUDA_ERROR_ILLEGAL_ADDRESS, (char*)pc + 1, "invalid memory access at %p", si->si_addr);
+    }
+    struct sigaction* old = sig == SIGFPE ? &g_old_fpe : sig == SIGBUS ? &g_old_bus : &g_old_segv;
+    if ((old->sa_flags & SA_SIGINFO) && old->sa_sigaction) {
+        old->sa_sigaction(sig, si, uc);
+        return;
+    }
+    if (old->sa_handler == SIG_IGN) return;
+    if (old->sa_handler != SIG_DFL && old->sa_handler) {
+        old->sa_handler(sig);
+        return;
+    }
+    signal(sig, SIG_DFL);  // returning re-executes the fault with the default action
+}
+
+void install_fault_handlers() {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = fault_handler;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // on the fiber's own (large) stack
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+    sigaction(SIGFPE, &sa, &g_old_fpe);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+}
+
+void restore_fault_handlers() {
+    sigaction(SIGSEGV, &g_old_segv, nullptr);
+    sigaction(SIGFPE, &g_old_fpe, nullptr);
+    sigaction(SIGBUS, &g_old_bus, nullptr);
+}
+
 bool ensure_runtime() {
     if (g_stacks) return true;
     configure();
@@ -670,6 +715,7 @@ CUresult launch(const Kernel* k, dim3 grid, dim3 block, void** params) {
     g_nthreads = (int)threads;
     g_abort = false;
     g_launch_error = CUDA_SUCCESS;
+    install_fault_handlers();  // only while kernel code runs: the host program's stay intact
     uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
     for (uint64_t b = 0; b < nblocks; b++) {
         uint64_t bb = g_reverse ? nblocks - 1 - b : b;
@@ -679,6 +725,7 @@ CUresult launch(const Kernel* k, dim3 grid, dim3 block, void** params) {
             break;
         }
     }
+    restore_fault_handlers();
     g_kernel = nullptr;
     return g_sticky;
 }

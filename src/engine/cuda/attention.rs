@@ -25,8 +25,10 @@ fn check_head_dim(op: &'static str, sh: &AttentionShape) -> Result<()> {
     }
 }
 
+/// Whole groups of query heads per key/value head, at least one: the kernels compute
+/// `h / (n_heads / n_kv_heads)`, which divides by zero when `n_heads < n_kv_heads` (0 included).
 fn heads_ok(sh: &AttentionShape) -> bool {
-    sh.n_kv_heads > 0 && sh.n_heads % sh.n_kv_heads == 0
+    sh.n_kv_heads > 0 && sh.n_heads >= sh.n_kv_heads && sh.n_heads % sh.n_kv_heads == 0
 }
 
 pub(crate) fn attention(
@@ -269,4 +271,28 @@ pub(crate) fn attention_backward(
         &args,
     )?;
     Ok((dq, dk, dv))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_counts_that_would_divide_by_zero_in_the_kernels_are_rejected() {
+        let sh = |n_heads, n_kv_heads| AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim: 16,
+            scale: 0.25,
+        };
+        assert!(heads_ok(&sh(8, 2)));
+        assert!(heads_ok(&sh(4, 4)));
+        assert!(!heads_ok(&sh(0, 2)), "0 query heads: h / (0 / 2)");
+        assert!(
+            !heads_ok(&sh(2, 4)),
+            "fewer query heads than kv heads: h / 0"
+        );
+        assert!(!heads_ok(&sh(6, 4)));
+        assert!(!heads_ok(&sh(4, 0)));
+    }
 }
