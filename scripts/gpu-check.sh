@@ -38,6 +38,13 @@ build)
         exit 1
     fi
     ldd "$bin"
+    # The device tool carries at most 64 MiB with the working tree: the binary must leave room.
+    size=$(stat -c %s "$bin")
+    if (( size > 56 * 1024 * 1024 )); then
+        echo "gpu-check: $bin is $((size >> 20)) MiB, too large to carry (limit 64 MiB in all)" >&2
+        exit 1
+    fi
+    echo "gpu-check: $bin is $((size >> 20)) MiB (carry limit 64 MiB)"
     "$bin" doctor | grep '^kernels:'
     ;;
 run)

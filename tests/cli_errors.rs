@@ -24,7 +24,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// Runs `sorft score` on a model dir; asserts failure with one `error:` line; returns it.
 fn score_error(dir: &Path, ids: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_sorft"))
-        .args(["score", "--model"])
+        .args(["score", "--device", "cpu", "--model"])
         .arg(dir)
         .args(["--ids", ids])
         .output()

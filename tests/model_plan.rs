@@ -107,6 +107,10 @@ fn sorft_plan_prints_the_table_and_fails_when_it_does_not_fit() {
     ] {
         assert!(out.contains(line), "{line}: {out}");
     }
+    // Without --gpu-mem: the visible GPU's memory, else 80 GiB, and no device note.
+    let o = run(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("note:"), "{err}");
     let o = run(&["--gpu-mem", "80"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1));

@@ -7,10 +7,11 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use sorft::engine::device::DeviceInfo;
+use sorft::engine::Cuda;
 use sorft::model::config::ModelConfig;
 use sorft::model::plan::{Plan, PlanInput, GIB};
 
-use super::device::{pick, DTypeChoice, DeviceChoice, Picked};
+use super::device::{pick_with, DTypeChoice, DeviceChoice, Picked};
 
 /// Arguments of `sorft plan`.
 #[derive(Args, Debug)]
@@ -43,7 +44,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let gpu_bytes = match a.gpu_mem {
         Some(g) if g.is_finite() && g > 0.0 => (g * GIB) as u64,
         Some(g) => bail!("--gpu-mem {g}: expected a positive number of GiB"),
-        None => match pick(DeviceChoice::Auto, a.dtype.dtype())? {
+        // The visible GPU's memory, without the note `auto` prints when there is none.
+        None => match pick_with(DeviceChoice::Auto, a.dtype.dtype(), |d| Cuda::new(0, d))? {
             Picked::Cuda(c) => DeviceInfo::cuda(&c).memory.unwrap_or(80 << 30),
             Picked::Cpu(_) => 80 << 30,
         },
