@@ -115,9 +115,16 @@ fn memory_hog_is_contained() {
     assert!(!out.output.tail.contains("allocated 4 GiB"), "{out:?}");
     if out.layers.cgroups.memory_max.is_some() {
         // The memory cgroup's OOM killer stops it.
-        assert_eq!(out.layers.address_space, None, "no RLIMIT_AS with a memory cgroup");
+        assert_eq!(
+            out.layers.address_space, None,
+            "no RLIMIT_AS with a memory cgroup"
+        );
     } else {
-        assert!(out.output.tail.contains("MemoryError"), "{}", out.output.tail);
+        assert!(
+            out.output.tail.contains("MemoryError"),
+            "{}",
+            out.output.tail
+        );
     }
     assert!(out.limits_hit.contains(&LimitHit::Memory), "{out:?}");
     assert!(!out.success());

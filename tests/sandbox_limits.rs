@@ -41,7 +41,9 @@ fn twenty_processes_run_under_the_default_limits() {
     let code = "import multiprocessing as mp\n\ndef sq(x):\n    return x * x\n\nif __name__ == '__main__':\n    ps = [mp.Process(target=sq, args=(i,)) for i in range(20)]\n    for p in ps:\n        p.start()\n    for p in ps:\n        p.join()\n    print('exit codes', sorted(set(p.exitcode for p in ps)))\n";
     std::fs::write(ws.repo().join("procs.py"), code).unwrap();
     ws.hand_over().unwrap();
-    let interp = sorft::sandbox::python::resolve(None, sorft::sandbox::isolation::HostSupport::get().root).unwrap();
+    let interp =
+        sorft::sandbox::python::resolve(None, sorft::sandbox::isolation::HostSupport::get().root)
+            .unwrap();
     let cmd = sorft::sandbox::process::JailCommand {
         program: interp.program.clone(),
         args: vec!["procs.py".into()],
@@ -57,7 +59,11 @@ fn twenty_processes_run_under_the_default_limits() {
     )
     .unwrap();
     assert_eq!(out.exit, ExitKind::Exited(0), "{}", out.output.tail);
-    assert!(out.output.tail.contains("exit codes [0]"), "{}", out.output.tail);
+    assert!(
+        out.output.tail.contains("exit codes [0]"),
+        "{}",
+        out.output.tail
+    );
 }
 
 #[test]
@@ -68,7 +74,10 @@ fn large_mmap_reservations_work_with_a_memory_cgroup() {
     let out = py(&ws, code, &defaults());
     if out.layers.cgroups.memory_max.is_none() {
         report_missing("large_mmap_reservations");
-        eprintln!("SKIPPED: no memory cgroup here ({:?}); RLIMIT_AS bounds reservations", out.layers.cgroups.unavailable);
+        eprintln!(
+            "SKIPPED: no memory cgroup here ({:?}); RLIMIT_AS bounds reservations",
+            out.layers.cgroups.unavailable
+        );
         return;
     }
     assert_eq!(out.exit, ExitKind::Exited(0), "{}", out.output.tail);
@@ -83,25 +92,31 @@ fn pids_cgroup_bounds_threads_and_is_removed() {
     limits.wall = Duration::from_secs(10);
     let code = "import threading\nev = threading.Event()\nn = 0\ntry:\n    for _ in range(200):\n        threading.Thread(target=ev.wait).start()\n        n += 1\nexcept RuntimeError as e:\n    print('refused after', n, e)\nev.set()\n";
     let out = py(&ws, code, &limits);
-    assert!(out.output.tail.contains("refused after"), "{}", out.output.tail);
+    assert!(
+        out.output.tail.contains("refused after"),
+        "{}",
+        out.output.tail
+    );
     if out.layers.cgroups.pids_max.is_some() {
         assert!(out.limits_hit.contains(&LimitHit::Processes), "{out:?}");
-        // The run's cgroup is gone afterwards.
-        let leftovers: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/pids")
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| {
-                        e.file_name()
-                            .to_string_lossy()
-                            .starts_with(&format!("sorft-{}-", std::process::id()))
-                    })
-                    .map(|e| e.path())
-                    .collect()
-            })
-            .unwrap_or_default();
-        // Other tests of this binary may hold a cgroup right now; ours is not among them
-        // once every test is done, which a fresh run of this check confirms.
-        eprintln!("pids cgroups of this process now: {leftovers:?}");
+        // The run's cgroup is gone afterwards (other tests of this binary may still hold
+        // theirs for a moment: wait for all of this process's cgroups to go).
+        let mine = format!("sorft-{}-", std::process::id());
+        let leftovers = || -> Vec<std::path::PathBuf> {
+            std::fs::read_dir("/sys/fs/cgroup/pids")
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
+                        .map(|e| e.path())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let t = std::time::Instant::now();
+        while !leftovers().is_empty() && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(leftovers().is_empty(), "cgroups left: {:?}", leftovers());
     } else {
         report_missing("pids_cgroup");
         eprintln!("no pids cgroup here: {:?}", out.layers.cgroups.unavailable);

@@ -107,7 +107,10 @@ fn make_child(controller: &str, name: &str) -> Result<(u8, PathBuf), String> {
     let h = find(controller)?;
     if h.version == 2 {
         // Best effort: children only get the controller when the parent delegates it.
-        let _ = std::fs::write(h.dir.join("cgroup.subtree_control"), format!("+{controller}"));
+        let _ = std::fs::write(
+            h.dir.join("cgroup.subtree_control"),
+            format!("+{controller}"),
+        );
     }
     let dir = h.dir.join(name);
     std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
