@@ -97,6 +97,7 @@ pub struct CgroupEvents {
 #[derive(Debug)]
 pub struct RunCgroup {
     dirs: Vec<(String, u8, PathBuf)>,
+    _tracked: Vec<crate::sandbox::cleanup::Tracked>,
 }
 
 fn write(p: &Path, v: &str) -> Result<(), String> {
@@ -126,7 +127,10 @@ impl RunCgroup {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let mut cg = RunCgroup { dirs: vec![] };
+        let mut cg = RunCgroup {
+            dirs: vec![],
+            _tracked: vec![],
+        };
         let mut got = CgroupLimits::default();
         match make_child("pids", &name) {
             Ok((v, dir)) => {
@@ -170,6 +174,10 @@ impl RunCgroup {
         for (_, _, d) in dropped {
             let _ = std::fs::remove_dir(d);
         }
+        cg._tracked = kept
+            .iter()
+            .map(|(_, _, d)| crate::sandbox::cleanup::track_cgroup(d.clone()))
+            .collect();
         cg.dirs = kept;
         (cg, got)
     }
