@@ -53,7 +53,7 @@ struct Common {
     /// Wall-clock limit per run, in seconds.
     #[arg(long, default_value_t = 300.0)]
     timeout: f64,
-    /// Address-space limit per process, in MiB.
+    /// Memory limit in MiB: of the whole run with a memory cgroup, else RLIMIT_AS per process.
     #[arg(long, default_value_t = 4096)]
     memory_mb: u64,
     /// Folder for the scratch workspaces (default: /var/tmp/sorft-sandbox).
@@ -109,7 +109,8 @@ fn check() -> Result<()> {
         Ok(detail) => println!("{name:<12} available  {detail}"),
         Err(e) => println!("{name:<12} MISSING    {e}"),
     };
-    println!("always       active     own session/process group, wall-clock kill of the tree, rlimits (cpu, as, nproc, fsize, nofile), env allow-list, stdin closed, output cap");
+    println!("always       active     own session/process group, wall-clock kill of the tree, rlimits, env allow-list, stdin closed, output cap");
+    limits_layers();
     line(
         "uid-drop",
         h.uid_drop
@@ -165,6 +166,63 @@ fn check() -> Result<()> {
         Err(e) => println!("python       MISSING    {e}"),
     }
     Ok(())
+}
+
+/// Prints what a run with the default limits gets from the cgroup and rlimit layers on this
+/// host, by creating (and removing) one run's cgroups.
+fn limits_layers() {
+    use sorft::sandbox::isolation::cgroup::{find, RunCgroup};
+    let l = Limits::default();
+    let (cg, got) = RunCgroup::create(l.nproc, l.address_space);
+    drop(cg);
+    let where_ = |c: &str| {
+        find(c)
+            .map(|h| format!(" (cgroup v{} under {})", h.version, h.dir.display()))
+            .unwrap_or_default()
+    };
+    let reason = |c: &str| {
+        got.unavailable
+            .iter()
+            .find(|u| u.starts_with(c))
+            .cloned()
+            .unwrap_or_else(|| "unavailable".into())
+    };
+    match got.pids_max {
+        Some(n) => println!(
+            "pids-cgroup  available  pids.max {n} per run (processes and threads){}",
+            where_("pids")
+        ),
+        None => println!(
+            "pids-cgroup  MISSING    {}; RLIMIT_NPROC {} of the run's dedicated uid and the PID namespace bound it",
+            reason("pids"),
+            l.nproc
+        ),
+    }
+    match got.memory_max {
+        Some(m) => println!(
+            "memory-cgroup available memory used by the run <= {} MiB, no RLIMIT_AS{}",
+            m >> 20,
+            where_("memory")
+        ),
+        None => println!(
+            "memory-cgroup MISSING   {}; RLIMIT_AS {} MiB per process instead",
+            reason("memory"),
+            l.address_space >> 20
+        ),
+    }
+    println!(
+        "rlimits      active     cpu {} s, nproc {}, fsize {} MiB per file, nofile {}, core 0{}",
+        l.cpu_secs,
+        l.nproc,
+        l.file_size >> 20,
+        l.open_files,
+        if got.memory_max.is_some() {
+            String::new()
+        } else {
+            format!(", as {} MiB", l.address_space >> 20)
+        }
+    );
+    println!("files        partial    RLIMIT_FSIZE bounds each file; total bytes and inodes of a workspace are NOT bounded");
 }
 
 fn config(c: &Common) -> Result<SandboxConfig> {

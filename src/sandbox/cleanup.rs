@@ -10,6 +10,7 @@ use std::sync::{Mutex, Once};
 enum Entry {
     Process { pid: u32, uid: Option<u32> },
     Dir(PathBuf),
+    Cgroup(PathBuf),
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -54,7 +55,33 @@ pub fn track_dir(path: PathBuf) -> Tracked {
     track(Entry::Dir(path))
 }
 
-/// Kills every registered process group and removes every registered directory.
+/// Registers a run's cgroup directory: its processes are killed and it is removed on a fatal
+/// signal.
+pub fn track_cgroup(path: PathBuf) -> Tracked {
+    track(Entry::Cgroup(path))
+}
+
+/// Kills what is left in a cgroup and removes it, retrying for up to a second.
+fn remove_cgroup(dir: &std::path::Path) {
+    for _ in 0..200 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs
+            .lines()
+            .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+        {
+            // SAFETY: signalling members of a cgroup only the sandbox's runs joined.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Kills every registered process group and removes every registered directory and cgroup.
 pub fn cleanup_all() {
     let entries: Vec<Entry> = match LIVE.lock() {
         Ok(mut g) => g
@@ -75,8 +102,12 @@ pub fn cleanup_all() {
         }
     }
     for e in entries {
-        if let Entry::Dir(p) = e {
-            let _ = std::fs::remove_dir_all(p);
+        match e {
+            Entry::Dir(p) => {
+                let _ = std::fs::remove_dir_all(p);
+            }
+            Entry::Cgroup(p) => remove_cgroup(&p),
+            Entry::Process { .. } => {}
         }
     }
 }

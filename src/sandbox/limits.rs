@@ -11,9 +11,11 @@ pub struct Limits {
     pub wall: Duration,
     /// RLIMIT_CPU, in CPU seconds per process (SIGXCPU at the soft limit).
     pub cpu_secs: u64,
-    /// RLIMIT_AS, in bytes of address space per process.
+    /// Memory bound in bytes: the run's memory cgroup limit where one is available (memory
+    /// used by the whole run), else RLIMIT_AS (address space per process).
     pub address_space: u64,
-    /// RLIMIT_NPROC: processes of the sandbox uid.
+    /// Processes and threads of the run: `pids.max` of its pids cgroup, and RLIMIT_NPROC of
+    /// its dedicated uid.
     pub nproc: u64,
     /// RLIMIT_FSIZE: largest file the run may write, in bytes.
     pub file_size: u64,
@@ -31,7 +33,7 @@ impl Default for Limits {
             wall: Duration::from_secs(300),
             cpu_secs: 300,
             address_space: 4 << 30,
-            nproc: 64,
+            nproc: 512,
             file_size: 256 << 20,
             open_files: 1024,
             output_tail: 2 << 20,

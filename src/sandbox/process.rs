@@ -73,9 +73,10 @@ pub enum LimitHit {
     FileSize,
     /// More output than `output_total`; the tree was killed.
     Output,
-    /// RLIMIT_AS, inferred from the log (`MemoryError`, `Cannot allocate memory`).
+    /// The memory cgroup's OOM killer, or RLIMIT_AS inferred from the log (`MemoryError`,
+    /// `Cannot allocate memory`).
     Memory,
-    /// RLIMIT_NPROC, inferred from the log (a refused fork).
+    /// The pids cgroup refused a fork, or RLIMIT_NPROC inferred from the log.
     Processes,
 }
 
@@ -237,7 +238,7 @@ pub fn run_jailed(
     if crate::sandbox::cleanup::interrupted() {
         return Err(SandboxError::Interrupted);
     }
-    let (setup, layers) = isolation::prepare(policy, limits, uid, paths)?;
+    let (setup, layers, cgroup) = isolation::prepare(policy, limits, uid, paths)?;
     let dropped_uid = layers.uid;
     let pid_namespace = layers.namespaces;
     let (read_end, write_end) = pipe()?;
@@ -321,6 +322,10 @@ pub fn run_jailed(
     let (status, cpu_secs) = status
         .map_err(|e| SandboxError::io("waiting for the sandboxed process", e))?
         .unwrap_or((0, 0.0));
+    // Whatever is left in the run's cgroups is killed (this also reaches processes that
+    // changed their session, group or, without a uid drop, were never ours to enumerate).
+    cgroup.kill_all();
+    let events = cgroup.events();
     // Whatever is left in the group or of the uid is killed; now collect the rest of the
     // output, giving up after a short grace if some process outside our reach holds the pipe.
     if let Some(u) = dropped_uid {
@@ -362,12 +367,19 @@ pub fn run_jailed(
         _ => {}
     }
     let output = sink.finish();
-    if output.tail.contains("MemoryError") || output.tail.contains("Cannot allocate memory") {
+    if events.oom_kills > 0
+        || output.tail.contains("MemoryError")
+        || output.tail.contains("Cannot allocate memory")
+    {
         limits_hit.push(LimitHit::Memory);
     }
-    if output.tail.contains("Cannot fork") || output.tail.contains("fork: Resource temporarily") {
+    if events.pids_refused > 0
+        || output.tail.contains("Cannot fork")
+        || output.tail.contains("fork: Resource temporarily")
+    {
         limits_hit.push(LimitHit::Processes);
     }
+    drop(cgroup);
     Ok(ProcessOutcome {
         exit,
         wall_secs: start.elapsed().as_secs_f64(),

@@ -30,6 +30,8 @@ pub(crate) struct ChildSetup {
     pub landlock: Option<OwnedFd>,
     /// A seccomp BPF program to install.
     pub seccomp: Option<BpfProgram>,
+    /// `cgroup.procs` files of the run's cgroups, joined first (by writing `0`).
+    pub cgroup_procs: Vec<CString>,
 }
 
 const PROC_SETGROUPS: &[u8] = b"/proc/self/setgroups\0";
@@ -72,6 +74,10 @@ impl ChildSetup {
     pub(crate) unsafe fn apply(&self) -> io::Result<()> {
         // Own session and process group: the parent kills the whole group on timeout.
         check(libc::setsid() as libc::c_long)?;
+        // Join the run's cgroups while still privileged and before any fork.
+        for procs in &self.cgroup_procs {
+            write_file(procs.as_bytes_with_nul(), b"0")?;
+        }
         for &(res, soft, hard) in &self.rlimits {
             let lim = libc::rlimit {
                 rlim_cur: soft,

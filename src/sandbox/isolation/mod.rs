@@ -6,6 +6,7 @@
 //! unprivileged uid per run. Where the kernel allows: new mount, PID, network, IPC and UTS
 //! namespaces (a user namespace too when not root), Landlock and seccomp.
 
+pub mod cgroup;
 pub(crate) mod child;
 pub mod landlock;
 pub mod seccomp;
@@ -132,6 +133,7 @@ impl ChildSetup {
             creds: None,
             landlock: None,
             seccomp: None,
+            cgroup_procs: Vec::new(),
         }
     }
 }
@@ -205,6 +207,15 @@ pub struct ActiveLayers {
     pub seccomp: bool,
     /// Requested layers the host lacks, with the reason.
     pub missing: Vec<String>,
+    /// The run's pids and memory cgroups.
+    #[serde(default)]
+    pub cgroups: cgroup::CgroupLimits,
+    /// RLIMIT_AS in bytes, when set (not with a memory cgroup).
+    #[serde(default)]
+    pub address_space: Option<u64>,
+    /// RLIMIT_NPROC of the run's uid.
+    #[serde(default)]
+    pub nproc: u64,
 }
 
 /// Paths of one run's jail.
@@ -235,13 +246,14 @@ pub const SYSTEM_READ: &[&str] = &[
 /// Device files every run may write.
 const DEV_WRITE: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
-/// Builds the child setup for one run and reports which layers it activates.
+/// Builds the child setup for one run and reports which layers it activates; the run's cgroups
+/// (removed when dropped) come with it.
 pub(crate) fn prepare(
     policy: &Policy,
     limits: &Limits,
     uid: Option<(u32, u32)>,
     paths: &JailPaths,
-) -> Result<(ChildSetup, ActiveLayers)> {
+) -> Result<(ChildSetup, ActiveLayers, cgroup::RunCgroup)> {
     let host = HostSupport::get();
     let mut active = ActiveLayers::default();
     let missing = |layer: &str, why: &str| format!("{layer}: {why}");
@@ -314,9 +326,17 @@ pub(crate) fn prepare(
     } else {
         limits.nproc + count_processes_of_current_uid()
     };
+    let (cg, cg_limits) = cgroup::RunCgroup::create(limits.nproc, limits.address_space);
+    // With a memory cgroup bounding what is used, no address-space limit: it breaks thread-
+    // and mmap-heavy programs that reserve much more than they touch.
+    let address_space = cg_limits
+        .memory_max
+        .is_none()
+        .then_some(limits.address_space);
+    let as_limit = address_space.unwrap_or(libc::RLIM_INFINITY);
     let rlimits = vec![
         (libc::RLIMIT_CPU, limits.cpu_secs, limits.cpu_secs + 1),
-        (libc::RLIMIT_AS, limits.address_space, limits.address_space),
+        (libc::RLIMIT_AS, as_limit, as_limit),
         (libc::RLIMIT_NPROC, nproc, nproc),
         (libc::RLIMIT_FSIZE, limits.file_size, limits.file_size),
         (libc::RLIMIT_NOFILE, limits.open_files, limits.open_files),
@@ -326,6 +346,9 @@ pub(crate) fn prepare(
     active.namespaces = ns.is_some();
     active.seccomp = seccomp.is_some();
     active.missing = missing_list;
+    active.address_space = address_space;
+    active.nproc = nproc;
+    active.cgroups = cg_limits;
     Ok((
         ChildSetup {
             rlimits,
@@ -333,8 +356,10 @@ pub(crate) fn prepare(
             creds,
             landlock,
             seccomp,
+            cgroup_procs: cg.procs_files(),
         },
         active,
+        cg,
     ))
 }
 
