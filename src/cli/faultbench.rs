@@ -9,7 +9,7 @@ use clap::Args;
 
 use sorft::engine::Cpu;
 use sorft::model::init::{init_model, Preset, EMBEDDED_CORPUS};
-use sorft::rft::monitor::bench::{run_bench, BenchConfig};
+use sorft::rft::monitor::bench::{run_bench, warm_policy, BenchConfig};
 use sorft::rft::monitor::taxonomy::FaultType;
 use sorft::rft::rl_run::load_items;
 use sorft::swe::synth::{generate, SynthConfig};
@@ -41,6 +41,9 @@ pub struct FaultbenchArgs {
     /// Only these fault types (comma-separated names).
     #[arg(long)]
     pub faults: Option<String>,
+    /// Epochs of the answer-only warm-up of the fresh tiny model (ignored with --model).
+    #[arg(long, default_value_t = 8)]
+    pub warm_epochs: u64,
     /// Re-run the test seeds' faults with remediation (default: on for the full benchmark).
     #[arg(long)]
     pub remediation: Option<bool>,
@@ -116,10 +119,15 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
         None => {
             let m = a.out.join("model");
             init_model(Preset::Tiny, &m, 1, &[EMBEDDED_CORPUS.to_string()])?;
-            m
+            let t = std::time::Instant::now();
+            let w = warm_policy(&Cpu, &m, &items, &a.out, a.warm_epochs)?;
+            eprintln!("faultbench: warm-up SFT {:.0} s", t.elapsed().as_secs_f64());
+            w
         }
     };
-    let r = run_bench(&Cpu, &model, &items, &cfg, &a.out, &mut |line| eprintln!("{line}"))?;
+    let r = run_bench(&Cpu, &model, &items, &cfg, &a.out, &mut |line| {
+        eprintln!("{line}")
+    })?;
     print!("{}", std::fs::read_to_string(a.out.join("report.md"))?);
     eprintln!(
         "faultbench: {} runs in {:.0} s; records and report in {}",

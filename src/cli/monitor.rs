@@ -32,16 +32,21 @@ fn range(s: &str) -> Result<(f64, f64)> {
     let (a, b) = s
         .split_once(',')
         .with_context(|| format!("--reward-range {s:?}: expected LO,HI"))?;
-    let lo: f64 = a.trim().parse().with_context(|| format!("--reward-range: {a:?}"))?;
-    let hi: f64 = b.trim().parse().with_context(|| format!("--reward-range: {b:?}"))?;
+    let lo: f64 = a
+        .trim()
+        .parse()
+        .with_context(|| format!("--reward-range: {a:?}"))?;
+    let hi: f64 = b
+        .trim()
+        .parse()
+        .with_context(|| format!("--reward-range: {b:?}"))?;
     anyhow::ensure!(lo < hi, "--reward-range: {lo} is not below {hi}");
     Ok((lo, hi))
 }
 
 /// Runs `sorft monitor`.
 pub fn run(a: MonitorArgs) -> Result<()> {
-    let text =
-        std::fs::read_to_string(&a.log).with_context(|| format!("{}", a.log.display()))?;
+    let text = std::fs::read_to_string(&a.log).with_context(|| format!("{}", a.log.display()))?;
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

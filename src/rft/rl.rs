@@ -453,7 +453,11 @@ impl<B: Backend> RlTrainer<B> {
 
     /// Fresh optimizer moments (after the monitor rolled the policy back).
     pub fn reset_optimizer(&mut self, policy: &Model<B>) -> anyhow::Result<()> {
-        self.opt = AdamW::new(&policy.backend, self.opt.config.clone(), &model_params(policy))?;
+        self.opt = AdamW::new(
+            &policy.backend,
+            self.opt.config.clone(),
+            &model_params(policy),
+        )?;
         Ok(())
     }
 
@@ -486,7 +490,11 @@ impl<B: Backend> RlTrainer<B> {
             f.on_prompts(self.step, &mut chosen);
         }
         let n_prompts = self.prompts.len();
-        crate::rft::monitor::supervisor::avoid_quarantined(&mut chosen, n_prompts, &self.quarantined);
+        crate::rft::monitor::supervisor::avoid_quarantined(
+            &mut chosen,
+            n_prompts,
+            &self.quarantined,
+        );
         self.last_chosen = chosen.clone();
         let mut reqs = Vec::new();
         for (gi, &p) in chosen.iter().enumerate() {

@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::detect::{Alarm, Detector, RobustConfig, RobustDetector, StaticDetector, ZScoreDetector};
+use super::detect::{
+    Alarm, Detector, RobustConfig, RobustDetector, StaticDetector, ZScoreDetector,
+};
 use super::diagnose::diagnose;
 use super::features::StepRecord;
 use super::inject::{Injection, Strength};
@@ -55,7 +57,7 @@ impl BenchConfig {
             ppo_epochs: 1,
             minibatch: 16,
             lr: 1e-3,
-            max_new_tokens: 12,
+            max_new_tokens: 20,
             max_prompt_tokens: 2048,
             temperature: 1.0,
             save_every: 0,
@@ -157,7 +159,8 @@ pub fn specs(cfg: &BenchConfig) -> Vec<RunSpec> {
             for (si, &strength) in cfg.strengths.iter().enumerate() {
                 let k = (fi * 2 + si) as u64;
                 let rl_seed = random_u64(seed, 0xfb, k) % 1_000_000;
-                let onset = cfg.onsets[(random_u64(seed, 0x05e7, k) % cfg.onsets.len().max(1) as u64) as usize];
+                let onset = cfg.onsets
+                    [(random_u64(seed, 0x05e7, k) % cfg.onsets.len().max(1) as u64) as usize];
                 let sname = match strength {
                     Strength::Easy => "easy",
                     Strength::Hard => "hard",
@@ -329,8 +332,17 @@ fn prf(tp: usize, fp: usize, n_faulty: usize) -> Prf {
         0.0
     };
     let r = tp as f64 / n_faulty.max(1) as f64;
-    let f1 = if p + r > 0.0 { 2.0 * p * r / (p + r) } else { 0.0 };
-    Prf { p, r, f1, n: n_faulty }
+    let f1 = if p + r > 0.0 {
+        2.0 * p * r / (p + r)
+    } else {
+        0.0
+    };
+    Prf {
+        p,
+        r,
+        f1,
+        n: n_faulty,
+    }
 }
 
 /// A detector's scores on a set of runs.
@@ -405,7 +417,14 @@ pub fn score(runs: &[&RunRecord], make: &dyn Fn() -> Box<dyn Detector>) -> Score
         }
     }
     for ((fam, st), (tp, fp, n)) in &counts {
-        let key = format!("{fam}/{}", if *st == Strength::Easy { "easy" } else { "hard" });
+        let key = format!(
+            "{fam}/{}",
+            if *st == Strength::Easy {
+                "easy"
+            } else {
+                "hard"
+            }
+        );
         s.by_family.insert(key, prf(*tp, *fp, *n));
     }
     let mean_f1 = |st: &str| {
@@ -572,14 +591,23 @@ pub fn run_bench<B: Backend>(
             all.len(),
             spec.id,
             r.final_reward,
-            r.error.as_deref().map(|e| format!(" error: {e}")).unwrap_or_default(),
+            r.error
+                .as_deref()
+                .map(|e| format!(" error: {e}"))
+                .unwrap_or_default(),
             r.wall_s
         ));
         records.push(r);
     }
     let reward = reward_range(&cfg.rl);
-    let tune_runs: Vec<&RunRecord> = records.iter().filter(|r| r.spec.split == Split::Tune).collect();
-    let test_runs: Vec<&RunRecord> = records.iter().filter(|r| r.spec.split == Split::Test).collect();
+    let tune_runs: Vec<&RunRecord> = records
+        .iter()
+        .filter(|r| r.spec.split == Split::Tune)
+        .collect();
+    let test_runs: Vec<&RunRecord> = records
+        .iter()
+        .filter(|r| r.spec.split == Split::Test)
+        .collect();
     let tuned = tune(&tune_runs, reward);
     let rc = tuned.robust.clone();
     let robust = move || -> Box<dyn Detector> { Box::new(RobustDetector::new(rc.clone())) };
@@ -603,11 +631,23 @@ pub fn run_bench<B: Backend>(
     };
     if cfg.remediation {
         report.remediation = Some(remediate_phase(
-            be, model_dir, &reference, &tok, items, cfg, &records, &tuned.robust, out, progress,
+            be,
+            model_dir,
+            &reference,
+            &tok,
+            items,
+            cfg,
+            &records,
+            &tuned.robust,
+            out,
+            progress,
         )?);
     }
     report.wall_s = t.elapsed().as_secs_f64();
-    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
     std::fs::write(out.join("report.md"), markdown(&report, cfg))?;
     Ok(report)
 }
@@ -627,9 +667,9 @@ fn remediate_phase<B: Backend>(
 ) -> anyhow::Result<RemediationScores> {
     let mut rs = RemediationScores::default();
     let twin = |r: &RunRecord| {
-        records
-            .iter()
-            .find(|c| c.spec.fault.is_none() && c.spec.rl_seed == r.spec.rl_seed && c.spec.seed == r.spec.seed)
+        records.iter().find(|c| {
+            c.spec.fault.is_none() && c.spec.rl_seed == r.spec.rl_seed && c.spec.seed == r.spec.seed
+        })
     };
     let faulty: Vec<&RunRecord> = records
         .iter()
@@ -639,10 +679,22 @@ fn remediate_phase<B: Backend>(
         let Some(ft) = r.spec.fault else { continue };
         let Some(clean) = twin(r) else { continue };
         let m = run_one(
-            be, model_dir, reference, tok, items, cfg, &r.spec, MonitorMode::Remediate, robust,
+            be,
+            model_dir,
+            reference,
+            tok,
+            items,
+            cfg,
+            &r.spec,
+            MonitorMode::Remediate,
+            robust,
         )?;
         write_record(out, &m, "-remediate")?;
-        let ok = |x: &RunRecord| !x.stopped && x.error.is_none() && (x.final_reward - clean.final_reward).abs() <= cfg.tolerance;
+        let ok = |x: &RunRecord| {
+            !x.stopped
+                && x.error.is_none()
+                && (x.final_reward - clean.final_reward).abs() <= cfg.tolerance
+        };
         if ft.recoverable() {
             rs.runs += 1;
             let e = rs.by_type.entry(ft.name().to_string()).or_default();
@@ -718,7 +770,13 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
                     .map(|p| format!("{} / {} / {}", pct(p.p), pct(p.r), pct(p.f1)))
                     .unwrap_or_else(|| "-".into())
             };
-            md.push_str(&format!("| {} | {} | {} | {} |\n", fam.code(), s.detector, cell("easy"), cell("hard")));
+            md.push_str(&format!(
+                "| {} | {} | {} | {} |\n",
+                fam.code(),
+                s.detector,
+                cell("easy"),
+                cell("hard")
+            ));
         }
     }
     if let Some(s) = r.scores.first() {
@@ -739,4 +797,73 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
         }
     }
     md
+}
+
+/// A starting policy that earns rewards (a fresh tiny model never writes a parsable answer):
+/// the built-in teacher's answers that pass the ground-truth filter, reduced to their final
+/// answer (no chain of thought, so short rollouts reach it), fine-tuned into `base` for `epochs`.
+/// Returns the fine-tuned model directory (`out/policy`).
+pub fn warm_policy<B: Backend>(
+    be: &B,
+    base: &Path,
+    items: &[RlItem],
+    out: &Path,
+    epochs: u64,
+) -> anyhow::Result<std::path::PathBuf> {
+    use crate::rft::teacher::{rejection_filter, BuiltinTeacher, Teacher, TeacherItem};
+    use crate::train::sft::{run_sft, Resume, SftConfig};
+    let titems: Vec<TeacherItem> = items
+        .iter()
+        .map(|i| TeacherItem {
+            record: &i.record,
+            problem: &i.problem,
+        })
+        .collect();
+    let samples = BuiltinTeacher { temperature: 0.5 }.sample(&titems, 4, 11)?;
+    let (convs, _) = rejection_filter(
+        &titems,
+        &samples,
+        crate::swe::subtask::EditReward::LineFbeta,
+    );
+    anyhow::ensure!(
+        !convs.is_empty(),
+        "the teacher answered no prompt correctly"
+    );
+    std::fs::create_dir_all(out)?;
+    let data = out.join("answers.jsonl");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&data)?);
+    for mut c in convs {
+        if let Some(last) = c.last_mut() {
+            last.content = crate::swe::answer::final_part(&last.content)
+                .trim()
+                .to_string();
+        }
+        writeln!(f, "{}", serde_json::json!({ "messages": c }))?;
+    }
+    f.flush()?;
+    drop(f);
+    let sft_out = out.join("policy-sft");
+    if sft_out.exists() {
+        std::fs::remove_dir_all(&sft_out)?;
+    }
+    let cfg = SftConfig {
+        model: base.to_path_buf(),
+        data,
+        out: sft_out.clone(),
+        epochs,
+        max_len: 2048,
+        batch_tokens: 4096,
+        eval_fraction: 0.0,
+        save_every: 0,
+        optim: crate::train::optim::OptimConfig {
+            lr: 3e-3,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
+        ..SftConfig::default()
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let res = run_sft(be, &cfg, Resume::No, &never, &mut |_| {})?;
+    res.final_dir
+        .ok_or_else(|| anyhow::anyhow!("{}: the warm-up exported no model", sft_out.display()))
 }

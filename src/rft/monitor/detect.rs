@@ -265,7 +265,10 @@ impl RobustDetector {
             let Some(x) = r.get(wch.name).filter(|x| x.is_finite()) else {
                 continue;
             };
-            let Some(h) = self.history.get(wch.name).filter(|h| h.len() >= self.cfg.warmup)
+            let Some(h) = self
+                .history
+                .get(wch.name)
+                .filter(|h| h.len() >= self.cfg.warmup)
             else {
                 continue;
             };
@@ -491,7 +494,14 @@ mod tests {
     fn a_noisy_clean_series_raises_no_alarm() {
         let mut d = RobustDetector::new(RobustConfig::default());
         for s in 1..=60 {
-            let r = rec(s, &[("reward_mean", noisy_reward(s)), ("entropy", 2.0), ("lr", 1e-4)]);
+            let r = rec(
+                s,
+                &[
+                    ("reward_mean", noisy_reward(s)),
+                    ("entropy", 2.0),
+                    ("lr", 1e-4),
+                ],
+            );
             assert!(d.observe(&r).is_none(), "step {s}");
         }
     }
@@ -556,14 +566,24 @@ mod tests {
 
     #[test]
     fn baselines_fire_on_their_rules() {
-        let clean: Vec<StepRecord> = (1..=10).map(|s| rec(s, &[("kl", 0.01 * s as f64)])).collect();
+        let clean: Vec<StepRecord> = (1..=10)
+            .map(|s| rec(s, &[("kl", 0.01 * s as f64)]))
+            .collect();
         let mut st = StaticDetector::fit(&clean, 0.1);
         assert!(st.observe(&rec(1, &[("kl", 0.05)])).is_none());
-        assert!(st.observe(&rec(2, &[("kl", 0.5)])).unwrap().has("kl", Dir::Up));
+        assert!(st
+            .observe(&rec(2, &[("kl", 0.5)]))
+            .unwrap()
+            .has("kl", Dir::Up));
         let mut z = ZScoreDetector::new(3.0, 3);
         for s in 1..=5 {
-            assert!(z.observe(&rec(s, &[("kl", 0.01 * (s % 2) as f64)])).is_none());
+            assert!(z
+                .observe(&rec(s, &[("kl", 0.01 * (s % 2) as f64)]))
+                .is_none());
         }
-        assert!(z.observe(&rec(6, &[("kl", 1.0)])).unwrap().has("kl", Dir::Up));
+        assert!(z
+            .observe(&rec(6, &[("kl", 1.0)]))
+            .unwrap()
+            .has("kl", Dir::Up));
     }
 }

@@ -21,8 +21,10 @@ pub struct Diagnosis {
 pub fn feature_family(feature: &str) -> Option<FaultFamily> {
     Some(match feature {
         f if f.starts_with("reward") || f == "zero_std_frac" => FaultFamily::RF,
-        "lr" | "kl_coef" | "clip_eps" | "kl" | "kl_k3" | "clip_frac" | "max_ratio" | "approx_kl"
-        | "grad_norm" | "adv_std" | "adv_reward_corr" | "nonfinite" => FaultFamily::PG,
+        "lr" | "kl_coef" | "clip_eps" | "kl" | "kl_k3" | "clip_frac" | "max_ratio"
+        | "approx_kl" | "grad_norm" | "adv_std" | "adv_reward_corr" | "nonfinite" => {
+            FaultFamily::PG
+        }
         "entropy" | "temperature" | "response_len" | "trunc_rate" | "repetition"
         | "unique_ratio" | "empty_rate" | "format_error_rate" => FaultFamily::OD,
         "logprob_mismatch" | "prompt_unique_frac" | "invented_rate" => FaultFamily::CA,
@@ -45,22 +47,82 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
         (up("lr"), LrTooHigh, "the learning rate jumped up"),
         (down("lr"), LrZero, "the learning rate dropped (to zero)"),
         (up("kl_coef"), KlHuge, "the KL coefficient jumped up"),
-        (up("clip_eps"), ClipOff, "the clip range jumped up (clipping off)"),
-        (down("temperature"), EntropyCollapse, "the sampling temperature dropped"),
-        (down("prompt_unique_frac"), DuplicatedPrompts, "few distinct prompts in the batch"),
-        (down("reward_min") && up("reward_max"), RewardNoise, "rewards beyond both ends of their range"),
-        (up("reward_max"), RewardScale, "rewards above their range (scale blow-up)"),
-        (down("reward_min"), RewardSignFlip, "rewards below their range (sign flip)"),
+        (
+            up("clip_eps"),
+            ClipOff,
+            "the clip range jumped up (clipping off)",
+        ),
+        (
+            down("temperature"),
+            EntropyCollapse,
+            "the sampling temperature dropped",
+        ),
+        (
+            down("prompt_unique_frac"),
+            DuplicatedPrompts,
+            "few distinct prompts in the batch",
+        ),
+        (
+            down("reward_min") && up("reward_max"),
+            RewardNoise,
+            "rewards beyond both ends of their range",
+        ),
+        (
+            up("reward_max"),
+            RewardScale,
+            "rewards above their range (scale blow-up)",
+        ),
+        (
+            down("reward_min"),
+            RewardSignFlip,
+            "rewards below their range (sign flip)",
+        ),
         (up("empty_rate"), EmptyOutputs, "empty responses"),
-        (up("trunc_rate"), LengthExplosion, "responses cut at the token budget"),
-        (up("repetition") || down("unique_ratio"), RepetitionLoop, "repetitive responses"),
-        (down("response_len"), LengthCollapse, "responses collapsed in length"),
-        (up("response_len"), LengthExplosion, "responses grew in length"),
-        (up("logprob_mismatch"), StaleLogprobs, "old log-probabilities disagree with the policy"),
-        (down("adv_reward_corr"), AdvantageSignFlip, "advantages anti-correlated with rewards"),
-        (up("invented_rate") && down("reward_mean"), RewardStaleTruth, "answers judged against targets their prompt never showed"),
-        (up("reward_mean") && up("zero_std_frac"), RewardLenient, "reward jumped and groups turned uniform (hackable reward)"),
-        (down("zero_std_frac") && up("reward_mean"), FlakyTests, "identical answers score differently (flaky tests)"),
+        (
+            up("trunc_rate"),
+            LengthExplosion,
+            "responses cut at the token budget",
+        ),
+        (
+            up("repetition") || down("unique_ratio"),
+            RepetitionLoop,
+            "repetitive responses",
+        ),
+        (
+            down("response_len"),
+            LengthCollapse,
+            "responses collapsed in length",
+        ),
+        (
+            up("response_len"),
+            LengthExplosion,
+            "responses grew in length",
+        ),
+        (
+            up("logprob_mismatch"),
+            StaleLogprobs,
+            "old log-probabilities disagree with the policy",
+        ),
+        (
+            down("adv_reward_corr"),
+            AdvantageSignFlip,
+            "advantages anti-correlated with rewards",
+        ),
+        (
+            up("invented_rate") && down("reward_mean"),
+            RewardStaleTruth,
+            "answers judged against targets their prompt never showed",
+        ),
+        (
+            up("reward_mean") && up("zero_std_frac"),
+            RewardLenient,
+            "reward jumped and groups turned uniform (hackable reward)",
+        ),
+        (
+            down("zero_std_frac") && up("reward_mean"),
+            FlakyTests,
+            "identical answers score differently (flaky tests)",
+        ),
         (down("entropy"), EntropyCollapse, "entropy collapsed"),
     ];
     if let Some((_, f, ev)) = rules.iter().find(|r| r.0) {
@@ -71,13 +133,33 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
         };
     }
     let second: [(bool, FaultType, &str); 8] = [
-        (down("zero_std_frac") || up("reward_std"), ShuffledPairs, "rewards no longer follow the groups' answers"),
+        (
+            down("zero_std_frac") || up("reward_std"),
+            ShuffledPairs,
+            "rewards no longer follow the groups' answers",
+        ),
         (up("reward_mean"), RewardLenient, "reward jumped"),
         (down("reward_mean"), RewardStaleTruth, "reward fell"),
-        (down("clip_frac") && up("max_ratio"), ClipOff, "ratios grew while nothing was clipped"),
-        (down("kl") || down("grad_norm") && !up("kl"), KlHuge, "the policy stopped moving away from the reference"),
-        (up("clip_frac") || up("max_ratio") || up("approx_kl"), StaleLogprobs, "ratios far from 1 before the update"),
-        (up("grad_norm") || up("kl") || up("kl_k3"), LrTooHigh, "updates too large"),
+        (
+            down("clip_frac") && up("max_ratio"),
+            ClipOff,
+            "ratios grew while nothing was clipped",
+        ),
+        (
+            down("kl") || down("grad_norm") && !up("kl"),
+            KlHuge,
+            "the policy stopped moving away from the reference",
+        ),
+        (
+            up("clip_frac") || up("max_ratio") || up("approx_kl"),
+            StaleLogprobs,
+            "ratios far from 1 before the update",
+        ),
+        (
+            up("grad_norm") || up("kl") || up("kl_k3"),
+            LrTooHigh,
+            "updates too large",
+        ),
         (up("entropy"), LengthExplosion, "entropy rose"),
     ];
     if let Some((_, f, ev)) = second.iter().find(|r| r.0) {
@@ -129,20 +211,35 @@ mod tests {
             (vec![("lr", Down)], LrZero),
             (vec![("kl_coef", Up)], KlHuge),
             (vec![("clip_eps", Up)], ClipOff),
-            (vec![("temperature", Down), ("entropy", Down)], EntropyCollapse),
+            (
+                vec![("temperature", Down), ("entropy", Down)],
+                EntropyCollapse,
+            ),
             (vec![("prompt_unique_frac", Down)], DuplicatedPrompts),
             (vec![("reward_min", Down), ("reward_max", Up)], RewardNoise),
             (vec![("reward_max", Up)], RewardScale),
             (vec![("reward_min", Down)], RewardSignFlip),
-            (vec![("empty_rate", Up), ("response_len", Down)], EmptyOutputs),
+            (
+                vec![("empty_rate", Up), ("response_len", Down)],
+                EmptyOutputs,
+            ),
             (vec![("trunc_rate", Up)], LengthExplosion),
             (vec![("repetition", Up)], RepetitionLoop),
             (vec![("response_len", Down)], LengthCollapse),
             (vec![("logprob_mismatch", Up)], StaleLogprobs),
             (vec![("adv_reward_corr", Down)], AdvantageSignFlip),
-            (vec![("invented_rate", Up), ("reward_mean", Down)], RewardStaleTruth),
-            (vec![("reward_mean", Up), ("zero_std_frac", Up)], RewardLenient),
-            (vec![("zero_std_frac", Down), ("reward_mean", Up)], FlakyTests),
+            (
+                vec![("invented_rate", Up), ("reward_mean", Down)],
+                RewardStaleTruth,
+            ),
+            (
+                vec![("reward_mean", Up), ("zero_std_frac", Up)],
+                RewardLenient,
+            ),
+            (
+                vec![("zero_std_frac", Down), ("reward_mean", Up)],
+                FlakyTests,
+            ),
             (vec![("zero_std_frac", Down)], ShuffledPairs),
             (vec![("entropy", Down)], EntropyCollapse),
         ];

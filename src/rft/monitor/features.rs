@@ -94,10 +94,7 @@ pub fn zero_std_fraction(scores: &[f32], groups: &[usize]) -> f64 {
     if by.is_empty() {
         return 0.0;
     }
-    let uniform = by
-        .values()
-        .filter(|v| v.iter().all(|&x| x == v[0]))
-        .count();
+    let uniform = by.values().filter(|v| v.iter().all(|&x| x == v[0])).count();
     uniform as f64 / by.len() as f64
 }
 
@@ -171,11 +168,23 @@ pub fn rollout_health(
     };
     let rate = |k: &str| zero_reasons.get(k).copied().unwrap_or(0) as f64 / n;
     Health {
-        reward_min: finite.iter().copied().fold(f64::INFINITY, f64::min).min(f64::MAX),
-        reward_max: finite.iter().copied().fold(f64::NEG_INFINITY, f64::max).max(f64::MIN),
+        reward_min: finite
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+            .min(f64::MAX),
+        reward_max: finite
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max)
+            .max(f64::MIN),
         zero_std_frac: zero_std_fraction(scores, &groups),
         prompt_unique_frac: distinct.len() as f64 / chosen.len().max(1) as f64,
-        trunc_rate: outs.iter().filter(|o| o.finish == FinishReason::Length).count() as f64 / n,
+        trunc_rate: outs
+            .iter()
+            .filter(|o| o.finish == FinishReason::Length)
+            .count() as f64
+            / n,
         repetition: mean_over(&|o| repetition_ratio(&o.ids)),
         unique_ratio: if texts.is_empty() {
             1.0
@@ -281,7 +290,10 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>)
         // JSON has no NaN; loggers write it as a string.
         serde_json::Value::String(s) => {
             let l = s.to_ascii_lowercase();
-            if matches!(l.as_str(), "nan" | "inf" | "-inf" | "infinity" | "-infinity") {
+            if matches!(
+                l.as_str(),
+                "nan" | "inf" | "-inf" | "infinity" | "-infinity"
+            ) {
                 out.insert(prefix.to_string(), f64::NAN);
             }
         }
@@ -306,9 +318,10 @@ pub fn canonical_name(k: &str) -> &str {
         "actor/ppo_kl" | "approx_kl" => "approx_kl",
         "actor/grad_norm" | "grad_norm" | "train/grad_norm" => "grad_norm",
         "actor_lr" | "actor/lr" | "learning_rate" | "train/learning_rate" => "lr",
-        "response_length" | "response_length/mean" | "generate_length" | "train/completions/mean_length" => {
-            "response_len"
-        }
+        "response_length"
+        | "response_length/mean"
+        | "generate_length"
+        | "train/completions/mean_length" => "response_len",
         "response_length/clip_ratio" | "truncated" => "trunc_rate",
         "critic_loss" | "critic/vf_loss" => "value_loss",
         "critic/vf_explained_var" => "explained_variance",
@@ -412,9 +425,13 @@ mod tests {
             .iter()
             .map(|&(s, r, e)| StepRecord {
                 step: s,
-                values: [("reward_mean".to_string(), r), ("tool_error_count".into(), e), ("tool_call_count".into(), 1.0)]
-                    .into_iter()
-                    .collect(),
+                values: [
+                    ("reward_mean".to_string(), r),
+                    ("tool_error_count".into(), e),
+                    ("tool_call_count".into(), 1.0),
+                ]
+                .into_iter()
+                .collect(),
             })
             .collect();
         let agg = aggregate_trajectories(&rows);

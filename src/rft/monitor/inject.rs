@@ -101,7 +101,11 @@ impl Injection {
             FaultType::KlHuge => cfg.kl_coef = cfg.kl_coef.max(1e-3) * if e { 5e3 } else { 200.0 },
             FaultType::EntropyCollapse => cfg.temperature *= if e { 0.1 } else { 0.35 },
             FaultType::LengthCollapse => {
-                cfg.max_new_tokens = if e { 1 } else { (cfg.max_new_tokens / 4).max(2) }
+                cfg.max_new_tokens = if e {
+                    1
+                } else {
+                    (cfg.max_new_tokens / 4).max(2)
+                }
             }
             FaultType::LengthExplosion => self.ignore_stop = true,
             _ => {}
@@ -184,7 +188,11 @@ impl Injection {
             FaultType::SandboxFailure => (0.0, Some("sandbox_error")),
             FaultType::SandboxTimeout => (0.0, Some("timeout")),
             FaultType::FlakyTests => (
-                if self.draw(step, i, 8) < 0.5 { 0.0 } else { 1.0 },
+                if self.draw(step, i, 8) < 0.5 {
+                    0.0
+                } else {
+                    1.0
+                },
                 None,
             ),
             _ => (r, None),
@@ -302,7 +310,10 @@ mod tests {
             .count();
         assert!((40..=100).contains(&flipped), "{flipped}");
         let mut sb = Injection::new(FaultType::SandboxFailure, Strength::Easy, 1, 1);
-        assert_eq!(sb.on_reward(1, 0, 0.7, false, &|| 0.0), (0.0, Some("sandbox_error")));
+        assert_eq!(
+            sb.on_reward(1, 0, 0.7, false, &|| 0.0),
+            (0.0, Some("sandbox_error"))
+        );
         sb.respond(&Action::Stop {
             reason: String::new(),
         });
@@ -326,6 +337,9 @@ mod tests {
         a.on_advantages(1, &mut adv);
         assert_eq!(adv, vec![vec![-1.0, -1.0], vec![2.0]]);
         let r = Injection::new(FaultType::RepetitionLoop, Strength::Easy, 1, 1);
-        assert_eq!(r.on_response(1, 0, &[5, 6, 7, 8, 9]), Some(vec![5, 6, 5, 6, 5]));
+        assert_eq!(
+            r.on_response(1, 0, &[5, 6, 7, 8, 9]),
+            Some(vec![5, 6, 5, 6, 5])
+        );
     }
 }

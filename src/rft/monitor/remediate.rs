@@ -50,9 +50,9 @@ impl Action {
             Action::RaiseKl { factor } => {
                 format!("roll back, learning rate x0.5, KL coefficient x{factor}")
             }
-            Action::RestoreEntropy { entropy_bonus } => format!(
-                "roll back, restore the temperature, entropy bonus +{entropy_bonus}"
-            ),
+            Action::RestoreEntropy { entropy_bonus } => {
+                format!("roll back, restore the temperature, entropy bonus +{entropy_bonus}")
+            }
             Action::QuarantinePrompts { prompts } => {
                 format!("quarantine prompts {prompts:?}")
             }
@@ -99,13 +99,13 @@ pub fn plan(d: &Diagnosis, attempt: usize, dominant_prompt: Option<usize>) -> Ac
             Some(p) => Action::QuarantinePrompts { prompts: vec![p] },
             None => stop("duplicated prompts, none identified"),
         },
-        RewardSignFlip | RewardNoise | RewardScale | RewardLenient | RewardStaleTruth => {
-            stop("the reward function is broken; fix it and restart from the last healthy checkpoint")
-        }
+        RewardSignFlip | RewardNoise | RewardScale | RewardLenient | RewardStaleTruth => stop(
+            "the reward function is broken; fix it and restart from the last healthy checkpoint",
+        ),
         AdvantageSignFlip => stop("advantages are anti-correlated with rewards (an objective bug)"),
-        StaleLogprobs | ShuffledPairs => {
-            stop("credit assignment is broken (log-probabilities or rewards reach the wrong tokens)")
-        }
+        StaleLogprobs | ShuffledPairs => stop(
+            "credit assignment is broken (log-probabilities or rewards reach the wrong tokens)",
+        ),
         FlakyTests => stop("the tests are flaky: the reward is noise"),
         RepetitionLoop => stop("responses loop; the sampler or the policy is degenerate"),
     }
@@ -153,7 +153,10 @@ mod tests {
             plan(&diag(Some(FaultType::EntropyCollapse)), 0, None),
             Action::RestoreEntropy { .. }
         ));
-        assert_eq!(plan(&diag(None), 0, None), Action::Rollback { lr_factor: 0.5 });
+        assert_eq!(
+            plan(&diag(None), 0, None),
+            Action::Rollback { lr_factor: 0.5 }
+        );
         assert!(matches!(plan(&diag(None), 1, None), Action::Stop { .. }));
         assert_eq!(
             plan(&diag(Some(FaultType::LrTooHigh)), 1, None),

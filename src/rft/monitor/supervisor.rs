@@ -131,14 +131,22 @@ impl Supervisor {
     }
 
     /// Records the healthy starting point (the weights before step 1) in `remediate` mode.
-    pub fn start<B: Backend>(&mut self, trainer: &RlTrainer<B>, policy: &Model<B>) -> anyhow::Result<()> {
+    pub fn start<B: Backend>(
+        &mut self,
+        trainer: &RlTrainer<B>,
+        policy: &Model<B>,
+    ) -> anyhow::Result<()> {
         if self.mode == MonitorMode::Remediate {
             self.take_snapshot(trainer, policy)?;
         }
         Ok(())
     }
 
-    fn take_snapshot<B: Backend>(&mut self, trainer: &RlTrainer<B>, policy: &Model<B>) -> anyhow::Result<()> {
+    fn take_snapshot<B: Backend>(
+        &mut self,
+        trainer: &RlTrainer<B>,
+        policy: &Model<B>,
+    ) -> anyhow::Result<()> {
         let mut weights = Vec::new();
         for (_, t) in model_params(policy) {
             weights.push(policy.backend.to_host_f32(t)?);
@@ -150,7 +158,11 @@ impl Supervisor {
         Ok(())
     }
 
-    fn rollback<B: Backend>(&self, trainer: &mut RlTrainer<B>, policy: &mut Model<B>) -> anyhow::Result<()> {
+    fn rollback<B: Backend>(
+        &self,
+        trainer: &mut RlTrainer<B>,
+        policy: &mut Model<B>,
+    ) -> anyhow::Result<()> {
         let Some(s) = &self.snapshot else {
             anyhow::bail!("no healthy snapshot to roll back to")
         };
@@ -219,11 +231,14 @@ impl Supervisor {
             if self.pending.is_some() && self.healthy_since >= CONFIRM_STEPS {
                 self.pending = None;
                 self.attempts = 0;
-                self.push(m, MonitorEvent {
-                    step: m.step,
-                    outcome: Some("recovered".into()),
-                    ..Default::default()
-                });
+                self.push(
+                    m,
+                    MonitorEvent {
+                        step: m.step,
+                        outcome: Some("recovered".into()),
+                        ..Default::default()
+                    },
+                );
             }
             if self.mode == MonitorMode::Remediate {
                 self.take_snapshot(trainer, policy)?;
@@ -239,7 +254,11 @@ impl Supervisor {
             ..Default::default()
         };
         if self.mode == MonitorMode::Remediate {
-            let attempt = if self.pending.is_some() { self.attempts } else { 0 };
+            let attempt = if self.pending.is_some() {
+                self.attempts
+            } else {
+                0
+            };
             let action = plan(&diagnosis, attempt, dominant(&trainer.last_chosen));
             self.apply(&action, trainer, policy)?;
             if let Action::Stop { reason } = &action {

@@ -118,7 +118,9 @@ impl FaultType {
             RewardSignFlip | RewardNoise | RewardScale | RewardLenient | RewardStaleTruth => {
                 FaultFamily::RF
             }
-            LrTooHigh | LrZero | AdvantageSignFlip | ClipOff | KlHuge | NonFinite => FaultFamily::PG,
+            LrTooHigh | LrZero | AdvantageSignFlip | ClipOff | KlHuge | NonFinite => {
+                FaultFamily::PG
+            }
             EntropyCollapse | RepetitionLoop | LengthCollapse | LengthExplosion | EmptyOutputs => {
                 FaultFamily::OD
             }
