@@ -17,7 +17,7 @@ use sorft::swe::synth::{generate, SynthConfig};
 /// Arguments of `sorft faultbench`.
 #[derive(Args, Debug)]
 pub struct FaultbenchArgs {
-    /// The CI variant (one tuning and one test seed, 8-step runs, no remediation re-runs).
+    /// The CI variant (four fault types, easy, one tuning and one test seed, no remediation).
     #[arg(long)]
     pub quick: bool,
     /// Output directory (records under runs/, report.md, summary.json).
@@ -29,7 +29,7 @@ pub struct FaultbenchArgs {
     /// Synthetic instances the prompts come from.
     #[arg(long, default_value_t = 4)]
     pub instances: usize,
-    /// Steps per run (default: 8 quick, 12 full).
+    /// Steps per run (default 6).
     #[arg(long)]
     pub steps: Option<usize>,
     /// Tuning seeds, comma-separated.
@@ -42,7 +42,7 @@ pub struct FaultbenchArgs {
     #[arg(long)]
     pub faults: Option<String>,
     /// Epochs of the answer-only warm-up of the fresh tiny model (ignored with --model).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 0)]
     pub warm_epochs: u64,
     /// Re-run the test seeds' faults with remediation (default: on for the full benchmark).
     #[arg(long)]
@@ -119,10 +119,14 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
         None => {
             let m = a.out.join("model");
             init_model(Preset::Tiny, &m, 1, &[EMBEDDED_CORPUS.to_string()])?;
-            let t = std::time::Instant::now();
-            let w = warm_policy(&Cpu, &m, &items, &a.out, a.warm_epochs)?;
-            eprintln!("faultbench: warm-up SFT {:.0} s", t.elapsed().as_secs_f64());
-            w
+            if a.warm_epochs == 0 {
+                m
+            } else {
+                let t = std::time::Instant::now();
+                let w = warm_policy(&Cpu, &m, &items, &a.out, a.warm_epochs)?;
+                eprintln!("faultbench: warm-up SFT {:.0} s", t.elapsed().as_secs_f64());
+                w
+            }
         }
     };
     let r = run_bench(&Cpu, &model, &items, &cfg, &a.out, &mut |line| {

@@ -38,12 +38,16 @@ pub struct BenchConfig {
     pub test_seeds: Vec<u64>,
     /// Fault types injected.
     pub faults: Vec<FaultType>,
-    /// Strengths injected.
+    /// Strengths injected on the test seeds.
     pub strengths: Vec<Strength>,
+    /// Strengths injected on the tuning seeds.
+    pub tune_strengths: Vec<Strength>,
     /// Stage-2 settings of every run (seed and steps are set per run).
     pub rl: RlConfig,
     /// Re-run the test seeds' recoverable faults with the monitor remediating.
     pub remediation: bool,
+    /// Also re-run the faults no remediation can fix (to count the runs the monitor stops).
+    pub rerun_unrecoverable: bool,
     /// A remediated run recovers when its final reward is within this of its clean twin's.
     pub tolerance: f64,
 }
@@ -52,42 +56,52 @@ impl BenchConfig {
     /// The tiny stage-2 settings of the benchmark's runs.
     pub fn tiny_rl() -> RlConfig {
         RlConfig {
-            prompts_per_step: 4,
-            group_size: 4,
+            prompts_per_step: 2,
+            group_size: 2,
             ppo_epochs: 1,
-            minibatch: 16,
+            minibatch: 4,
             lr: 1e-3,
-            max_new_tokens: 20,
+            max_new_tokens: 12,
             max_prompt_tokens: 2048,
             temperature: 1.0,
+            // Updates every step even when a group's rewards tie (tiny models often score 0).
+            entropy_coef: 0.01,
+            skip_uniform_groups: false,
             save_every: 0,
             monitor: MonitorMode::Off,
             ..RlConfig::default()
         }
     }
 
-    /// The CI variant: every fault type once per strength on one tuning and one test seed.
+    /// The CI variant (about two minutes on two cores): four fault types, one per family but
+    /// CA, easy, on one tuning and one test seed, with their clean twins.
     pub fn quick() -> Self {
         Self {
-            steps: 8,
-            onsets: vec![4, 5, 6],
+            steps: 6,
+            onsets: vec![4, 5],
             tune_seeds: vec![1],
             test_seeds: vec![2],
-            faults: FaultType::ALL.to_vec(),
-            strengths: vec![Strength::Easy, Strength::Hard],
+            faults: vec![
+                FaultType::RewardNoise,
+                FaultType::LrTooHigh,
+                FaultType::EmptyOutputs,
+                FaultType::SandboxFailure,
+            ],
+            strengths: vec![Strength::Easy],
+            tune_strengths: vec![Strength::Easy],
             rl: Self::tiny_rl(),
             remediation: false,
+            rerun_unrecoverable: false,
             tolerance: 0.1,
         }
     }
 
-    /// The benchmark: two tuning seeds, three test seeds, longer runs, remediation.
+    /// The benchmark: every fault type, easy and hard on the test seed (easy on the tuning
+    /// seed), clean twins, remediation re-runs.
     pub fn full() -> Self {
         Self {
-            steps: 12,
-            onsets: vec![4, 6, 8],
-            tune_seeds: vec![1, 2],
-            test_seeds: vec![3, 4, 5],
+            faults: FaultType::ALL.to_vec(),
+            strengths: vec![Strength::Easy, Strength::Hard],
             remediation: true,
             ..Self::quick()
         }
@@ -155,8 +169,12 @@ pub fn specs(cfg: &BenchConfig) -> Vec<RunSpec> {
         .map(|&s| (s, Split::Tune))
         .chain(cfg.test_seeds.iter().map(|&s| (s, Split::Test)));
     for (seed, split) in seeds {
+        let strengths = match split {
+            Split::Tune => &cfg.tune_strengths,
+            Split::Test => &cfg.strengths,
+        };
         for (fi, &fault) in cfg.faults.iter().enumerate() {
-            for (si, &strength) in cfg.strengths.iter().enumerate() {
+            for (si, &strength) in strengths.iter().enumerate() {
                 let k = (fi * 2 + si) as u64;
                 let rl_seed = random_u64(seed, 0xfb, k) % 1_000_000;
                 let onset = cfg.onsets
@@ -673,7 +691,8 @@ fn remediate_phase<B: Backend>(
     };
     let faulty: Vec<&RunRecord> = records
         .iter()
-        .filter(|r| r.spec.split == Split::Test && r.spec.fault.is_some())
+        .filter(|r| r.spec.split == Split::Test)
+        .filter(|r| r.spec.fault.is_some_and(|f| f.recoverable() || cfg.rerun_unrecoverable))
         .collect();
     for (i, r) in faulty.iter().enumerate() {
         let Some(ft) = r.spec.fault else { continue };
