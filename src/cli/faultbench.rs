@@ -9,7 +9,9 @@ use clap::Args;
 
 use sorft::engine::Cpu;
 use sorft::model::init::{init_model, Preset, EMBEDDED_CORPUS};
-use sorft::rft::monitor::bench::{run_bench, warm_policy, BenchConfig};
+use sorft::rft::monitor::bench::{
+    evaluate, load_records, run_bench, warm_policy, write_report, BenchConfig,
+};
 use sorft::rft::monitor::taxonomy::FaultType;
 use sorft::rft::rl_run::load_items;
 use sorft::swe::synth::{generate, SynthConfig};
@@ -44,6 +46,9 @@ pub struct FaultbenchArgs {
     /// Epochs of the answer-only warm-up of the fresh tiny model (ignored with --model).
     #[arg(long, default_value_t = 0)]
     pub warm_epochs: u64,
+    /// Only score the records already under --out (e.g. of a benchmark stopped part-way).
+    #[arg(long)]
+    pub score_only: bool,
     /// Re-run the test seeds' faults with remediation (default: on for the full benchmark).
     #[arg(long)]
     pub remediation: Option<bool>,
@@ -101,6 +106,19 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
         !cfg.tune_seeds.is_empty() && !cfg.test_seeds.is_empty(),
         "faultbench needs at least one tuning and one test seed"
     );
+    if a.score_only {
+        let recs = load_records(&a.out)?;
+        anyhow::ensure!(
+            !recs.is_empty(),
+            "{}: no complete run pairs to score",
+            a.out.display()
+        );
+        let mut r = evaluate(&recs, &cfg);
+        r.wall_s = recs.iter().map(|x| x.wall_s).sum();
+        write_report(&a.out, &r, &cfg)?;
+        print!("{}", std::fs::read_to_string(a.out.join("report.md"))?);
+        return Ok(());
+    }
     std::fs::create_dir_all(&a.out).with_context(|| a.out.display().to_string())?;
     let data = a.out.join("data");
     let report = generate(

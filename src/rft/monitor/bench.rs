@@ -384,6 +384,8 @@ pub struct Scores {
     pub type_accuracy: f64,
     /// Family accuracy of the diagnosis on detected faults.
     pub family_accuracy: f64,
+    /// Fault type -> (faulty runs, detected).
+    pub by_type: BTreeMap<String, (usize, usize)>,
     /// True type -> diagnosed type ("unknown" when none) -> count.
     pub confusion: BTreeMap<String, BTreeMap<String, usize>>,
 }
@@ -414,6 +416,9 @@ pub fn score(runs: &[&RunRecord], make: &dyn Fn() -> Box<dyn Detector>) -> Score
             Some(ft) => {
                 c.2 += 1;
                 nf_all += 1;
+                let bt = s.by_type.entry(ft.name().to_string()).or_default();
+                bt.0 += 1;
+                bt.1 += usize::from(!rp.false_alarm && rp.first.is_some());
                 if rp.false_alarm {
                     c.1 += 1;
                     fp_all += 1;
@@ -452,7 +457,7 @@ pub fn score(runs: &[&RunRecord], make: &dyn Fn() -> Box<dyn Detector>) -> Score
             .filter(|(k, _)| k.ends_with(st))
             .map(|(_, p)| p.f1)
             .collect();
-        v.iter().sum::<f64>() / v.len().max(1) as f64
+        v.iter().sum::<f64>() / v.len().max(1) as f64 + 0.0
     };
     s.f1_easy = mean_f1("easy");
     s.f1_hard = mean_f1("hard");
@@ -487,8 +492,8 @@ pub struct Tuned {
 /// Tunes every detector on `tune` (grid search on [`objective`]).
 pub fn tune(tune: &[&RunRecord], reward: (f64, f64)) -> Tuned {
     let mut best = (f64::NEG_INFINITY, RobustConfig::default());
-    for z in [4.0, 6.0, 8.0, 10.0, 14.0] {
-        for h in [6.0, 10.0, 16.0, 1e9] {
+    for z in [3.0, 4.0, 5.0, 6.0, 8.0, 10.0] {
+        for h in [3.0, 4.0, 6.0, 10.0, 1e9] {
             let c = RobustConfig {
                 z_threshold: z,
                 cusum_h: h,
@@ -617,6 +622,30 @@ pub fn run_bench<B: Backend>(
         ));
         records.push(r);
     }
+    let mut report = evaluate(&records, cfg);
+    if cfg.remediation {
+        let robust = report.robust.clone().unwrap_or_default();
+        report.remediation = Some(remediate_phase(
+            be, model_dir, &reference, &tok, items, cfg, &records, &robust, out, progress,
+        )?);
+    }
+    report.wall_s = t.elapsed().as_secs_f64();
+    write_report(out, &report, cfg)?;
+    Ok(report)
+}
+
+/// Writes `summary.json` and `report.md`.
+pub fn write_report(out: &Path, report: &BenchReport, cfg: &BenchConfig) -> anyhow::Result<()> {
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(report)?,
+    )?;
+    std::fs::write(out.join("report.md"), markdown(report, cfg))?;
+    Ok(())
+}
+
+/// Tunes the detectors on the tuning runs of `records` and scores them on the test runs.
+pub fn evaluate(records: &[RunRecord], cfg: &BenchConfig) -> BenchReport {
     let reward = reward_range(&cfg.rl);
     let tune_runs: Vec<&RunRecord> = records
         .iter()
@@ -636,7 +665,7 @@ pub fn run_bench<B: Backend>(
         score(&test_runs, &move || Box::new(ZScoreDetector::new(z, 3))),
         score(&test_runs, &move || Box::new(fixed.clone())),
     ];
-    let mut report = BenchReport {
+    BenchReport {
         steps: cfg.steps,
         runs: records.len(),
         errors: records.iter().filter(|r| r.error.is_some()).count(),
@@ -646,28 +675,66 @@ pub fn run_bench<B: Backend>(
         baselines: (tuned.z, tuned.margin),
         remediation: None,
         wall_s: 0.0,
-    };
-    if cfg.remediation {
-        report.remediation = Some(remediate_phase(
-            be,
-            model_dir,
-            &reference,
-            &tok,
-            items,
-            cfg,
-            &records,
-            &tuned.robust,
-            out,
-            progress,
-        )?);
     }
-    report.wall_s = t.elapsed().as_secs_f64();
-    std::fs::write(
-        out.join("summary.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
-    std::fs::write(out.join("report.md"), markdown(&report, cfg))?;
-    Ok(report)
+}
+
+/// Reads back the detection-phase records under `out/runs` (as [`write_record`] wrote them),
+/// keeping only faulty runs whose clean twin is there too and vice versa (a benchmark stopped
+/// part-way scores its complete pairs).
+pub fn load_records(out: &Path) -> anyhow::Result<Vec<RunRecord>> {
+    let runs = out.join("runs");
+    let mut dirs: Vec<_> = std::fs::read_dir(&runs)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", runs.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| !p.to_string_lossy().ends_with("-remediate"))
+        .collect();
+    dirs.sort();
+    let mut recs = Vec::new();
+    for d in dirs {
+        let mp = d.join("meta.json");
+        let Ok(text) = std::fs::read_to_string(&mp) else {
+            continue; // a run killed before it finished
+        };
+        let meta: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", mp.display()))?;
+        let spec: RunSpec = serde_json::from_value(meta["spec"].clone())
+            .map_err(|e| anyhow::anyhow!("{}: spec: {e}", mp.display()))?;
+        let sp = d.join("step_records.jsonl");
+        let st =
+            std::fs::read_to_string(&sp).map_err(|e| anyhow::anyhow!("{}: {e}", sp.display()))?;
+        let mut steps = Vec::new();
+        for (i, l) in st.lines().enumerate() {
+            let v: serde_json::Value = serde_json::from_str(l)
+                .map_err(|e| anyhow::anyhow!("{}: line {}: {e}", sp.display(), i + 1))?;
+            steps.push(StepRecord::from_json(&v, i + 1));
+        }
+        recs.push(RunRecord {
+            spec,
+            mode: MonitorMode::Off,
+            steps,
+            final_reward: meta["final_reward"].as_f64().unwrap_or(0.0),
+            events: Vec::new(),
+            stopped: meta["stopped"].as_bool().unwrap_or(false),
+            error: meta["error"].as_str().map(str::to_string),
+            wall_s: meta["wall_s"].as_f64().unwrap_or(0.0),
+        });
+    }
+    let key = |r: &RunRecord| (r.spec.seed, r.spec.rl_seed, r.spec.strength);
+    let keep: Vec<bool> = recs
+        .iter()
+        .map(|r| {
+            let has = |faulty: bool| {
+                recs.iter()
+                    .any(|o| key(o) == key(r) && o.spec.fault.is_some() == faulty)
+            };
+            has(true) && has(false)
+        })
+        .collect();
+    Ok(recs
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(r, k)| k.then_some(r))
+        .collect())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -692,7 +759,11 @@ fn remediate_phase<B: Backend>(
     let faulty: Vec<&RunRecord> = records
         .iter()
         .filter(|r| r.spec.split == Split::Test)
-        .filter(|r| r.spec.fault.is_some_and(|f| f.recoverable() || cfg.rerun_unrecoverable))
+        .filter(|r| {
+            r.spec
+                .fault
+                .is_some_and(|f| f.recoverable() || cfg.rerun_unrecoverable)
+        })
         .collect();
     for (i, r) in faulty.iter().enumerate() {
         let Some(ft) = r.spec.fault else { continue };
@@ -799,6 +870,13 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
         }
     }
     if let Some(s) = r.scores.first() {
+        md.push_str("\n## Detection per fault type (RFT-FM, test seeds)\n\n| fault | family | runs | detected |\n|---|---|---|---|\n");
+        for (t, (n, k)) in &s.by_type {
+            let fam = FaultType::parse(t)
+                .map(|f| f.family().code())
+                .unwrap_or("?");
+            md.push_str(&format!("| {t} | {fam} | {n} | {k} |\n"));
+        }
         md.push_str("\n## Diagnosis confusion (RFT-FM, detected faults of the test seeds)\n\n| true type | diagnosed as |\n|---|---|\n");
         for (t, row) in &s.confusion {
             let cells: Vec<String> = row.iter().map(|(k, n)| format!("{k} x{n}")).collect();

@@ -107,7 +107,7 @@ pub const WATCHED: &[Watch] = &[
     w("reward_std", 0.1, 0.0, true, true),
     w("zero_std_frac", 0.3, 0.0, true, false),
     w("prompt_unique_frac", 0.15, 0.0, false, true),
-    w("entropy", 0.05, 0.15, true, true),
+    w("entropy", 0.05, 0.08, true, true),
     w("kl", 0.05, 0.5, true, false),
     w("kl_k3", 0.05, 0.5, true, false),
     w("clip_frac", 0.05, 0.5, true, true),

@@ -178,11 +178,9 @@ impl FaultType {
                 | LengthCollapse
                 | LengthExplosion
                 | EmptyOutputs
-                | RepetitionLoop
                 | DuplicatedPrompts
                 | SandboxFailure
                 | SandboxTimeout
-                | FlakyTests
         )
     }
 }
