@@ -24,7 +24,7 @@ pub struct MonitorArgs {
     #[arg(long)]
     pub reward_range: Option<String>,
     /// |z| that alarms at once.
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = 5.0)]
     pub z: f64,
 }
 

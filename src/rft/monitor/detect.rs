@@ -106,7 +106,7 @@ pub const WATCHED: &[Watch] = &[
     w("reward_mean", 0.1, 0.0, true, true),
     w("reward_std", 0.1, 0.0, true, true),
     w("zero_std_frac", 0.3, 0.0, true, false),
-    w("prompt_unique_frac", 0.15, 0.0, false, true),
+    w("prompt_unique_frac", 0.1, 0.0, false, true),
     w("entropy", 0.05, 0.08, true, true),
     w("kl", 0.05, 0.5, true, false),
     w("kl_k3", 0.05, 0.5, true, false),
@@ -158,9 +158,9 @@ impl Default for RobustConfig {
         Self {
             warmup: 3,
             window: 8,
-            z_threshold: 8.0,
+            z_threshold: 5.0,
             cusum_k: 3.0,
-            cusum_h: 8.0,
+            cusum_h: 3.0,
             reward_range: None,
             setting_jump: 2.0,
             sandbox_limit: 0.25,
@@ -550,8 +550,8 @@ mod tests {
         for s in 1..=4 {
             assert!(d.observe(&rec(s, &[("response_len", 40.0)])).is_none());
         }
-        // Scale floor 0.2 * 40 = 8; +5 z-units per step stays under the z threshold of 8 but
-        // accumulates 2 per step above k = 3... until the CUSUM limit.
+        // Scale floor 0.2 * 40 = 8: +5 z-units per step stays at the z threshold of 5 but
+        // accumulates 2 per step above k = 3, past the CUSUM limit of 3 at the second step.
         let mut fired = None;
         for s in 5..=12 {
             if let Some(a) = d.observe(&rec(s, &[("response_len", 80.0)])) {

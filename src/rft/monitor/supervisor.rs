@@ -92,6 +92,7 @@ pub struct Supervisor {
     snapshot: Option<Snapshot>,
     attempts: usize,
     pending: Option<usize>,
+    last_fault: Option<Option<crate::rft::monitor::taxonomy::FaultType>>,
     healthy_since: usize,
     /// Every event so far.
     pub events: Vec<MonitorEvent>,
@@ -125,6 +126,7 @@ impl Supervisor {
             snapshot: None,
             attempts: 0,
             pending: None,
+            last_fault: None,
             healthy_since: 0,
             events: Vec::new(),
         }
@@ -254,11 +256,10 @@ impl Supervisor {
             ..Default::default()
         };
         if self.mode == MonitorMode::Remediate {
-            let attempt = if self.pending.is_some() {
-                self.attempts
-            } else {
-                0
-            };
+            // Escalate when the same diagnosis comes back before the last action was confirmed.
+            let again = self.pending.is_some() && self.last_fault == Some(diagnosis.fault);
+            let attempt = if again { self.attempts } else { 0 };
+            self.last_fault = Some(diagnosis.fault);
             let action = plan(&diagnosis, attempt, dominant(&trainer.last_chosen));
             self.apply(&action, trainer, policy)?;
             if let Action::Stop { reason } = &action {
