@@ -250,6 +250,11 @@ impl RobustDetector {
                 }
             }
         }
+        // A batch of at least four prompts that are all one (or 8 with two distinct): a data fault
+        // (chance for 4 uniform draws from N prompts: 1/N^3).
+        if let Some(x) = r.get("prompt_unique_frac").filter(|x| *x <= 0.25) {
+            out.push(hard("prompt_unique_frac", Dir::Down, x));
+        }
         for name in ["sandbox_error_rate", "timeout_rate"] {
             if let Some(x) = r.get(name).filter(|x| *x >= self.cfg.sandbox_limit) {
                 out.push(hard(name, Dir::Up, x));
@@ -520,6 +525,8 @@ mod tests {
         assert!(a.has("reward_min", Dir::Down));
         let a = d.observe(&rec(4, &[("reward_max", 40.0)])).unwrap();
         assert!(a.has("reward_max", Dir::Up));
+        let a = d.observe(&rec(5, &[("prompt_unique_frac", 0.25)])).unwrap();
+        assert!(a.has("prompt_unique_frac", Dir::Down));
         let a = d.observe(&rec(5, &[("sandbox_error_rate", 0.5)])).unwrap();
         assert!(a.has("sandbox_error_rate", Dir::Up));
         assert!(d.observe(&rec(6, &[("lr", 1e-4)])).is_none());
