@@ -5,10 +5,12 @@ pub mod data;
 pub mod device;
 pub mod doctor;
 pub mod eval;
+pub mod faultbench;
 pub mod generate;
 pub mod interrupt;
 pub mod kernel_bench;
 pub mod model;
+pub mod monitor;
 pub mod plan;
 pub mod render;
 pub mod repro;
@@ -63,6 +65,10 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Check a backend's kernels against references (`--device cuda|cpu`).
     Selftest(selftest::SelftestArgs),
+    /// RFT-FM's detector and diagnosis on an external RL run's step or trajectory JSONL.
+    Monitor(monitor::MonitorArgs),
+    /// The fault-injection benchmark of the RL monitor (RFT-FaultBench on sorft).
+    Faultbench(faultbench::FaultbenchArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -131,6 +137,8 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Sandbox(a) => sandbox::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::Monitor(a) => monitor::run(a),
+        Command::Faultbench(a) => faultbench::run(a),
     }
 }
 

@@ -657,6 +657,16 @@ fn write_report(
             m.reward_by_subtask.get(n).copied().unwrap_or(f64::NAN)
         }));
     }
+    // Timeline: the steps where the RL monitor raised an event, on the mean reward.
+    reward.push(Series {
+        name: "monitor event".into(),
+        points: s
+            .rl
+            .iter()
+            .filter(|m| !m.monitor.is_empty())
+            .map(|m| (m.step as f64, m.reward_mean))
+            .collect(),
+    });
     write_text(
         &out.join("rl_reward.svg"),
         &line_chart("Stage 2: reward per step", "step", "reward", &reward),
@@ -835,6 +845,19 @@ fn write_report(
             m.time_train
         ));
     }
+    md.push_str(&format!(
+        "\n## RL monitor (RFT-FM, {:?})\n\n",
+        cfg.stage2.monitor
+    ));
+    let events: Vec<String> =
+        s.rl.iter()
+            .flat_map(|m| m.monitor.iter().map(|e| format!("- {}\n", e.describe())))
+            .collect();
+    md.push_str(&if events.is_empty() {
+        "No anomaly detected.\n".to_string()
+    } else {
+        events.concat()
+    });
     md.push_str("\n## Wall time (seconds)\n\n");
     for (k, v) in &s.seconds {
         md.push_str(&format!("- {k}: {v:.1}\n"));

@@ -3,6 +3,7 @@
 pub mod advantage;
 pub mod eval;
 pub mod kl;
+pub mod monitor;
 pub mod openai;
 pub mod ppo;
 pub mod rl;

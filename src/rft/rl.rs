@@ -25,6 +25,9 @@ use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::{Model, Tokenizer};
 use crate::rft::advantage::{gae, group_normalised, leave_one_out, shaped_rewards, whiten};
 use crate::rft::kl::KlEstimator;
+use crate::rft::monitor::features::{self as health, Health};
+use crate::rft::monitor::inject::Injection;
+use crate::rft::monitor::{MonitorEvent, MonitorMode};
 use crate::rft::ppo::{explained_variance, policy_loss, value_loss, PolicyLossConfig};
 use crate::swe::reward::ZeroReason;
 use crate::swe::subtask::{EditReward, SubtaskRecord};
@@ -125,6 +128,8 @@ pub struct RlConfig {
     /// ([`crate::pipeline::augment::renamed_items`], applied by `sorft repro` and `sorft rl`
     /// before the run); 0: the original prompts.
     pub prompt_renames: usize,
+    /// The RFT-FM monitor: off, detect (events in metrics and report) or remediate.
+    pub monitor: MonitorMode,
 }
 
 impl Default for RlConfig {
@@ -162,6 +167,7 @@ impl Default for RlConfig {
             min_allowed_mass: 0.0,
             renormalise: true,
             prompt_renames: 0,
+            monitor: MonitorMode::Detect,
         }
     }
 }
@@ -215,6 +221,11 @@ pub struct RlMetrics {
     pub time_train: f64,
     /// Sequences in the update (after leaving out empty responses and uniform groups).
     pub trained_sequences: usize,
+    /// Health features of the step (RFT-FM).
+    pub health: Health,
+    /// Monitor events of the step (detections, diagnoses, actions, outcomes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub monitor: Vec<MonitorEvent>,
 }
 
 struct Rollout {
@@ -350,6 +361,12 @@ pub struct RlTrainer<B: Backend> {
     pub step: usize,
     /// The last step's rollouts: (instance, subtask, response text, reward).
     pub last_rollouts: Vec<RolloutLog>,
+    /// The last step's prompts (indices into the encoded prompts).
+    pub last_chosen: Vec<usize>,
+    /// Prompts the monitor keeps out of rollouts.
+    pub quarantined: std::collections::BTreeSet<usize>,
+    /// A fault injected by `sorft faultbench` (none in real runs).
+    pub fault: Option<Injection>,
 }
 
 /// One rollout of a step, as written to `rollouts.jsonl`.
@@ -428,7 +445,20 @@ impl<B: Backend> RlTrainer<B> {
             prompts,
             step: 0,
             last_rollouts: Vec::new(),
+            last_chosen: Vec::new(),
+            quarantined: Default::default(),
+            fault: None,
         })
+    }
+
+    /// Fresh optimizer moments (after the monitor rolled the policy back).
+    pub fn reset_optimizer(&mut self, policy: &Model<B>) -> anyhow::Result<()> {
+        self.opt = AdamW::new(
+            &policy.backend,
+            self.opt.config.clone(),
+            &model_params(policy),
+        )?;
+        Ok(())
     }
 
     /// One rollout + update step.
@@ -439,6 +469,10 @@ impl<B: Backend> RlTrainer<B> {
         tok: &Tokenizer,
         items: &[RlItem],
     ) -> anyhow::Result<RlMetrics> {
+        if let Some(f) = self.fault.as_mut() {
+            f.on_step_start(self.step + 1, &mut self.cfg);
+        }
+        self.opt.config.lr = self.cfg.lr;
         let cfg = self.cfg.clone();
         let be = policy.backend.clone();
         self.step += 1;
@@ -449,9 +483,19 @@ impl<B: Backend> RlTrainer<B> {
         // ---- rollout ----
         let t0 = Instant::now();
         let mut rng = SplitMix::new(random_u64(cfg.seed, 0x5e1, self.step as u64));
-        let chosen: Vec<usize> = (0..cfg.prompts_per_step)
+        let mut chosen: Vec<usize> = (0..cfg.prompts_per_step)
             .map(|_| rng.below(self.prompts.len() as u64) as usize)
             .collect();
+        if let Some(f) = &self.fault {
+            f.on_prompts(self.step, &mut chosen);
+        }
+        let n_prompts = self.prompts.len();
+        crate::rft::monitor::supervisor::avoid_quarantined(
+            &mut chosen,
+            n_prompts,
+            &self.quarantined,
+        );
+        self.last_chosen = chosen.clone();
         let mut reqs = Vec::new();
         for (gi, &p) in chosen.iter().enumerate() {
             let constraint = crate::swe::grammar::constraint_for(
@@ -475,14 +519,17 @@ impl<B: Backend> RlTrainer<B> {
                         ),
                     },
                     max_new_tokens: cfg.max_new_tokens,
-                    stop_ids: tok.stop_ids(),
+                    stop_ids: match &self.fault {
+                        Some(f) if f.ignore_stop(self.step, gi * cfg.group_size + k) => Vec::new(),
+                        _ => tok.stop_ids(),
+                    },
                     stop_strings: Vec::new(),
                     constraint: constraint.clone(),
                     min_allowed_mass: cfg.min_allowed_mass,
                 });
             }
         }
-        let outs = generate(
+        let mut outs = generate(
             policy,
             Some(tok),
             &reqs,
@@ -491,6 +538,9 @@ impl<B: Backend> RlTrainer<B> {
                 progress: false,
             },
         )?;
+        if let Some(f) = &self.fault {
+            crate::rft::monitor::inject::corrupt_outputs(f, self.step, tok, &mut outs)?;
+        }
         m.time_rollout = t0.elapsed().as_secs_f64();
         let gen_tokens: usize = outs.iter().map(|o| o.ids.len()).sum();
         m.rollout_tokens_per_s = gen_tokens as f64 / m.time_rollout.max(1e-9);
@@ -503,7 +553,15 @@ impl<B: Backend> RlTrainer<B> {
             let gi = j / cfg.group_size.max(1);
             let (item, prompt) = (&self.prompts[chosen[gi]].0, &self.prompts[chosen[gi]].1);
             let rec = &items[*item].record;
-            let r = rec.reward(&o.text, cfg.edit_reward);
+            let mut r = rec.reward(&o.text, cfg.edit_reward);
+            let mut reason = r.zero_reason.as_ref().map(zero_reason_name);
+            if let Some(f) = &self.fault {
+                let other = &items[self.prompts[(chosen[gi] + 1) % n_prompts].0].record;
+                let score_other = || other.reward(&o.text, cfg.edit_reward).reward;
+                let (x, why) = f.on_reward(self.step, j, r.reward, o.ids.is_empty(), &score_other);
+                r.reward = x;
+                reason = why.or(reason);
+            }
             self.last_rollouts.push(RolloutLog {
                 step: self.step,
                 instance_id: rec.instance_id.clone(),
@@ -511,10 +569,8 @@ impl<B: Backend> RlTrainer<B> {
                 response: o.text.clone(),
                 reward: r.reward,
             });
-            if let Some(z) = &r.zero_reason {
-                *m.zero_reasons
-                    .entry(zero_reason_name(z).to_string())
-                    .or_default() += 1;
+            if let Some(z) = reason {
+                *m.zero_reasons.entry(z.to_string()).or_default() += 1;
             }
             by_sub
                 .entry(rec.subtask.name().to_string())
@@ -546,7 +602,18 @@ impl<B: Backend> RlTrainer<B> {
                 ),
             });
         }
-        let scores: Vec<f32> = rolls.iter().map(|r| r.score).collect();
+        let mut scores: Vec<f32> = rolls.iter().map(|r| r.score).collect();
+        if let Some(f) = &self.fault {
+            f.on_scores(self.step, &mut scores);
+        }
+        m.health = health::rollout_health(&outs, &scores, &chosen, cfg.group_size, &m.zero_reasons);
+        // Non-finite rewards are counted (a fault) and zeroed so they never reach the weights.
+        for (r, s) in rolls.iter_mut().zip(scores.iter_mut()) {
+            if !s.is_finite() {
+                *s = 0.0;
+            }
+            r.score = *s;
+        }
         let n = scores.len().max(1) as f64;
         m.reward_mean = scores.iter().map(|&s| s as f64).sum::<f64>() / n;
         m.reward_std = (scores
@@ -585,7 +652,7 @@ impl<B: Backend> RlTrainer<B> {
             temperature: cfg.temperature,
             ..ForwardOptions::default()
         };
-        let (old, old_values) = if self.value_head.is_none() {
+        let (mut old, old_values) = if self.value_head.is_none() {
             let own = live
                 .iter()
                 .map(|&i| {
@@ -637,6 +704,10 @@ impl<B: Backend> RlTrainer<B> {
             .zip(&refl)
             .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x - y).collect())
             .collect();
+        if let Some(f) = &self.fault {
+            f.on_old_logprobs(self.step, &mut old);
+        }
+        m.health.kl_k3 = health::kl_k3(&kl_tok.concat());
         let ntok: usize = old.iter().map(Vec::len).sum();
         m.kl = kl_tok.iter().flatten().map(|&x| x as f64).sum::<f64>() / ntok.max(1) as f64;
         let groups: Vec<usize> = live.iter().map(|&i| rolls[i].group).collect();
@@ -689,6 +760,10 @@ impl<B: Backend> RlTrainer<B> {
                 }
             }
         }
+        if let Some(f) = &self.fault {
+            f.on_advantages(self.step, &mut adv);
+        }
+        health::advantage_health(&mut m.health, &mut adv, &live_scores);
         // ---- updates ----
         let pcfg = PolicyLossConfig {
             clip_eps: cfg.clip_eps,
@@ -730,6 +805,7 @@ impl<B: Backend> RlTrainer<B> {
                 let ref_lp: Vec<f32> = mb.iter().flat_map(|&i| refl[i].iter().copied()).collect();
                 let a: Vec<f32> = mb.iter().flat_map(|&i| adv[i].iter().copied()).collect();
                 let pl = policy_loss(&pcfg, &new_lp, &old_lp, &a, Some(&ref_lp));
+                health::ratio_health(&mut m.health, &new_lp, &old_lp, nmb == 0);
                 let nt = rows.len().max(1);
                 let mut g_logp = vec![0.0f32; batch.len()];
                 let mut g_ent = vec![0.0f32; batch.len()];
@@ -783,6 +859,7 @@ impl<B: Backend> RlTrainer<B> {
                 let st = self.opt.step(&be, model_params_mut(policy), &mut grads)?;
                 grads.zero(&be)?;
                 gn_sum += st.grad_norm;
+                m.health.lr = st.lr as f64;
                 nmb += 1;
             }
         }
@@ -798,6 +875,11 @@ impl<B: Backend> RlTrainer<B> {
             sum / n.max(1) as f64
         };
         m.clip_frac = clip_sum / nmb_f;
+        if nmb == 0 {
+            m.health.lr = cfg.lr as f64;
+        }
+        (m.health.kl_coef, m.health.clip_eps) = (cfg.kl_coef as f64, cfg.clip_eps as f64);
+        m.health.temperature = cfg.temperature as f64;
         m.approx_kl = akl_sum / nmb_f;
         m.grad_norm = gn_sum / nmb_f;
         m.value_loss = vl_sum / nmb_f;

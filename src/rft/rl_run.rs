@@ -100,6 +100,8 @@ pub fn run_rl<B: Backend>(
         writeln!(log, "{}", start_line(dev, trainer.step)?)?;
     }
     let mut saved_at = trainer.step;
+    let mut monitor = crate::rft::monitor::Supervisor::new(cfg.monitor, cfg);
+    monitor.start(&trainer, &policy)?;
     // Every rollout's response and reward, for reading what the policy writes.
     let rollouts_path = run.out.join("rollouts.jsonl");
     let mut rollouts = std::fs::OpenOptions::new()
@@ -108,7 +110,8 @@ pub fn run_rl<B: Backend>(
         .open(&rollouts_path)
         .with_context(|| rollouts_path.display().to_string())?;
     while trainer.step < cfg.steps {
-        let m = trainer.step(&mut policy, &reference, &tok, items)?;
+        let mut m = trainer.step(&mut policy, &reference, &tok, items)?;
+        let verdict = monitor.after_step(&mut trainer, &mut policy, &mut m)?;
         for r in &trainer.last_rollouts {
             writeln!(rollouts, "{}", serde_json::to_string(r)?)?;
         }
@@ -116,6 +119,9 @@ pub fn run_rl<B: Backend>(
         log.flush()?;
         on_step(&m);
         metrics.push(m);
+        if verdict != crate::rft::monitor::supervisor::Verdict::Continue {
+            break; // The monitor stopped the run at its last healthy weights (see metrics).
+        }
         let stopping = stop.load(Ordering::Relaxed);
         if stopping || (cfg.save_every > 0 && trainer.step % cfg.save_every == 0) {
             trainer.save_checkpoint(&policy, &run.model, &run.model, &root)?;

@@ -1,0 +1,596 @@
+//! Online anomaly detectors over step records (no future data). [`RobustDetector`] is RFT-FM's:
+//! hard rules (non-finite values, rewards outside their range, settings that jump, sandbox
+//! errors), robust z-scores against a rolling median / MAD baseline of the healthy steps with a
+//! warm-up and per-feature noise floors (small batches are noisy), and a CUSUM per feature for
+//! drifts. [`StaticDetector`] (per-metric thresholds) and [`ZScoreDetector`] (plain z-score) are
+//! the baselines of `sorft faultbench`.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::features::StepRecord;
+
+/// Which way a feature moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dir {
+    /// Above its baseline.
+    Up,
+    /// Below its baseline.
+    Down,
+}
+
+/// The rule that fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    /// A hard rule (no baseline needed).
+    Hard,
+    /// A robust z-score beyond the threshold.
+    RobustZ,
+    /// A CUSUM drift beyond its limit.
+    Cusum,
+    /// A static threshold (baseline detector).
+    Static,
+    /// A plain z-score (baseline detector).
+    ZScore,
+}
+
+/// One feature's anomaly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Signal {
+    /// The feature.
+    pub feature: String,
+    /// Its direction.
+    pub dir: Dir,
+    /// How anomalous (z-score, CUSUM sum, or the value for hard rules).
+    pub score: f64,
+    /// The rule.
+    pub rule: Rule,
+}
+
+/// An alarm: the step and the signals that raised it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Alarm {
+    /// The step.
+    pub step: usize,
+    /// The anomalous features, strongest first.
+    pub signals: Vec<Signal>,
+}
+
+impl Alarm {
+    /// The signal of `feature` in direction `dir`, if any.
+    pub fn has(&self, feature: &str, dir: Dir) -> bool {
+        self.signals
+            .iter()
+            .any(|s| s.feature == feature && s.dir == dir)
+    }
+}
+
+/// An online detector: sees one step at a time, never the future.
+pub trait Detector {
+    /// A short name (tables).
+    fn name(&self) -> &'static str;
+    /// Reads the next step; an alarm when it is anomalous.
+    fn observe(&mut self, r: &StepRecord) -> Option<Alarm>;
+}
+
+/// How a feature is watched: its noise floors and the directions that matter.
+#[derive(Clone, Copy, Debug)]
+pub struct Watch {
+    /// The feature.
+    pub name: &'static str,
+    /// Smallest scale (absolute).
+    pub abs_floor: f64,
+    /// Smallest scale relative to the baseline's magnitude.
+    pub rel_floor: f64,
+    /// Rises matter.
+    pub up: bool,
+    /// Falls matter.
+    pub down: bool,
+}
+
+const fn w(name: &'static str, abs_floor: f64, rel_floor: f64, up: bool, down: bool) -> Watch {
+    Watch {
+        name,
+        abs_floor,
+        rel_floor,
+        up,
+        down,
+    }
+}
+
+/// The features RFT-FM watches, with noise floors set for batches of a few dozen responses.
+pub const WATCHED: &[Watch] = &[
+    w("reward_mean", 0.1, 0.0, true, true),
+    w("reward_std", 0.1, 0.0, true, true),
+    w("zero_std_frac", 0.3, 0.0, true, false),
+    w("prompt_unique_frac", 0.1, 0.0, false, true),
+    w("entropy", 0.05, 0.08, true, true),
+    w("kl", 0.05, 0.5, true, false),
+    w("kl_k3", 0.05, 0.5, true, false),
+    w("clip_frac", 0.05, 0.5, true, true),
+    w("max_ratio", 0.5, 0.3, true, false),
+    w("approx_kl", 0.02, 0.5, true, false),
+    w("logprob_mismatch", 0.02, 0.5, true, false),
+    w("grad_norm", 0.2, 0.5, true, true),
+    w("response_len", 1.0, 0.2, true, true),
+    w("trunc_rate", 0.15, 0.0, true, false),
+    w("repetition", 0.1, 0.0, true, false),
+    w("unique_ratio", 0.1, 0.0, false, true),
+    w("empty_rate", 0.15, 0.0, true, false),
+    w("format_error_rate", 0.2, 0.0, true, false),
+    w("invented_rate", 0.2, 0.0, true, false),
+    w("adv_std", 0.2, 0.3, true, true),
+    w("adv_reward_corr", 0.25, 0.0, false, true),
+    w("sandbox_error_rate", 0.05, 0.0, true, false),
+    w("timeout_rate", 0.05, 0.0, true, false),
+];
+
+/// Settings read by the hard rules: they jump rather than drift.
+pub const SETTINGS: &[&str] = &["lr", "kl_coef", "clip_eps", "temperature"];
+
+/// Tunables of [`RobustDetector`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RobustConfig {
+    /// Healthy steps needed before z-scores count.
+    pub warmup: usize,
+    /// Healthy steps in the rolling baseline.
+    pub window: usize,
+    /// |z| beyond this alarms at once.
+    pub z_threshold: f64,
+    /// CUSUM allowance (z units per step that do not accumulate).
+    pub cusum_k: f64,
+    /// CUSUM limit.
+    pub cusum_h: f64,
+    /// The range rewards must stay in, when known (`None`: not checked).
+    pub reward_range: Option<(f64, f64)>,
+    /// A setting changing by more than this factor in one step is a fault.
+    pub setting_jump: f64,
+    /// Sandbox error or timeout rate that alarms regardless of baseline.
+    pub sandbox_limit: f64,
+}
+
+impl Default for RobustConfig {
+    fn default() -> Self {
+        Self {
+            warmup: 3,
+            window: 8,
+            z_threshold: 5.0,
+            cusum_k: 3.0,
+            cusum_h: 3.0,
+            reward_range: None,
+            setting_jump: 2.0,
+            sandbox_limit: 0.25,
+        }
+    }
+}
+
+/// RFT-FM's detector (see the module doc).
+#[derive(Clone, Debug)]
+pub struct RobustDetector {
+    /// Its settings.
+    pub cfg: RobustConfig,
+    history: BTreeMap<&'static str, VecDeque<f64>>,
+    cusum: BTreeMap<(&'static str, bool), f64>,
+    settings: BTreeMap<&'static str, f64>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Median and MAD-based scale (1.4826 MAD) of a window.
+pub fn median_scale(values: &VecDeque<f64>) -> (f64, f64) {
+    let mut v: Vec<f64> = values.iter().copied().collect();
+    let m = median(&mut v);
+    let mut dev: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
+    (m, 1.4826 * median(&mut dev))
+}
+
+fn sort_signals(s: &mut [Signal]) {
+    s.sort_by(|a, b| b.score.abs().total_cmp(&a.score.abs()));
+}
+
+impl RobustDetector {
+    /// A detector with settings `cfg`.
+    pub fn new(cfg: RobustConfig) -> Self {
+        Self {
+            cfg,
+            history: BTreeMap::new(),
+            cusum: BTreeMap::new(),
+            settings: BTreeMap::new(),
+        }
+    }
+
+    /// Forgets the baselines (after a remediation changed the run).
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.cusum.clear();
+        self.settings.clear();
+    }
+
+    fn hard_rules(&self, r: &StepRecord, out: &mut Vec<Signal>) {
+        let hard = |feature: &str, dir, score| Signal {
+            feature: feature.to_string(),
+            dir,
+            score,
+            rule: Rule::Hard,
+        };
+        let bad = r.values.iter().filter(|(_, v)| !v.is_finite()).count() as f64
+            + r.get("nonfinite").unwrap_or(0.0);
+        if bad > 0.0 {
+            out.push(hard("nonfinite", Dir::Up, bad));
+        }
+        if let Some((lo, hi)) = self.cfg.reward_range {
+            let tol = 1e-6 * (hi - lo).abs().max(1.0);
+            if let Some(x) = r.get("reward_min").filter(|x| *x < lo - tol) {
+                out.push(hard("reward_min", Dir::Down, x));
+            }
+            if let Some(x) = r.get("reward_max").filter(|x| *x > hi + tol) {
+                out.push(hard("reward_max", Dir::Up, x));
+            }
+        }
+        for name in SETTINGS {
+            if let (Some(prev), Some(x)) = (self.settings.get(name), r.get(name)) {
+                let j = self.cfg.setting_jump;
+                if *prev > 0.0 && (x > prev * j || x < prev / j) {
+                    let dir = if x > *prev { Dir::Up } else { Dir::Down };
+                    out.push(hard(name, dir, x));
+                }
+            }
+        }
+        // A batch of at least four prompts that are all one (or 8 with two distinct): a data fault
+        // (chance for 4 uniform draws from N prompts: 1/N^3).
+        if let Some(x) = r.get("prompt_unique_frac").filter(|x| *x <= 0.25) {
+            out.push(hard("prompt_unique_frac", Dir::Down, x));
+        }
+        for name in ["sandbox_error_rate", "timeout_rate"] {
+            if let Some(x) = r.get(name).filter(|x| *x >= self.cfg.sandbox_limit) {
+                out.push(hard(name, Dir::Up, x));
+            }
+        }
+    }
+
+    /// Z-scores and CUSUMs; returns the features whose value looked suspicious (|z| beyond the
+    /// CUSUM allowance), which stay out of the baseline.
+    fn statistical(&mut self, r: &StepRecord, out: &mut Vec<Signal>) -> Vec<&'static str> {
+        let mut suspicious = Vec::new();
+        for wch in WATCHED {
+            let Some(x) = r.get(wch.name).filter(|x| x.is_finite()) else {
+                continue;
+            };
+            let Some(h) = self
+                .history
+                .get(wch.name)
+                .filter(|h| h.len() >= self.cfg.warmup)
+            else {
+                continue;
+            };
+            let (m, s) = median_scale(h);
+            let scale = s.max(wch.abs_floor).max(wch.rel_floor * m.abs());
+            let z = (x - m) / scale;
+            if z.abs() > self.cfg.cusum_k {
+                suspicious.push(wch.name);
+            }
+            for (up, on) in [(true, wch.up), (false, wch.down)] {
+                if !on {
+                    continue;
+                }
+                let zd = if up { z } else { -z };
+                let dir = if up { Dir::Up } else { Dir::Down };
+                let c = self.cusum.entry((wch.name, up)).or_insert(0.0);
+                *c = (*c + zd - self.cfg.cusum_k).max(0.0);
+                if zd > self.cfg.z_threshold {
+                    out.push(Signal {
+                        feature: wch.name.to_string(),
+                        dir,
+                        score: zd,
+                        rule: Rule::RobustZ,
+                    });
+                } else if *c > self.cfg.cusum_h {
+                    out.push(Signal {
+                        feature: wch.name.to_string(),
+                        dir,
+                        score: *c,
+                        rule: Rule::Cusum,
+                    });
+                }
+            }
+        }
+        suspicious
+    }
+
+    fn accept(&mut self, r: &StepRecord, suspicious: &[&'static str]) {
+        for wch in WATCHED {
+            if suspicious.contains(&wch.name) {
+                continue;
+            }
+            if let Some(x) = r.get(wch.name).filter(|x| x.is_finite()) {
+                let h = self.history.entry(wch.name).or_default();
+                h.push_back(x);
+                while h.len() > self.cfg.window.max(1) {
+                    h.pop_front();
+                }
+            }
+        }
+        for name in SETTINGS {
+            if let Some(x) = r.get(name).filter(|x| x.is_finite()) {
+                self.settings.insert(name, x);
+            }
+        }
+    }
+}
+
+impl Detector for RobustDetector {
+    fn name(&self) -> &'static str {
+        "rft-fm"
+    }
+
+    fn observe(&mut self, r: &StepRecord) -> Option<Alarm> {
+        let mut signals = Vec::new();
+        self.hard_rules(r, &mut signals);
+        let suspicious = self.statistical(r, &mut signals);
+        if signals.is_empty() {
+            // Only healthy steps feed the baseline: a fault never becomes the new normal.
+            self.accept(r, &suspicious);
+            return None;
+        }
+        sort_signals(&mut signals);
+        Some(Alarm {
+            step: r.step,
+            signals,
+        })
+    }
+}
+
+/// Baseline: fixed per-metric bounds (for example the range of clean runs widened by a margin).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StaticDetector {
+    /// Feature -> (low, high) bounds.
+    pub bounds: BTreeMap<String, (f64, f64)>,
+}
+
+impl StaticDetector {
+    /// Bounds from the range of each watched feature over `clean` records, widened by `margin`
+    /// times the range (plus a small absolute slack).
+    pub fn fit(clean: &[StepRecord], margin: f64) -> Self {
+        let mut bounds = BTreeMap::new();
+        for wch in WATCHED {
+            let v: Vec<f64> = clean
+                .iter()
+                .filter_map(|r| r.get(wch.name))
+                .filter(|x| x.is_finite())
+                .collect();
+            if v.is_empty() {
+                continue;
+            }
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let pad = margin * (hi - lo) + 1e-9;
+            bounds.insert(wch.name.to_string(), (lo - pad, hi + pad));
+        }
+        Self { bounds }
+    }
+}
+
+impl Detector for StaticDetector {
+    fn name(&self) -> &'static str {
+        "static-threshold"
+    }
+
+    fn observe(&mut self, r: &StepRecord) -> Option<Alarm> {
+        let mut signals = Vec::new();
+        for (k, &(lo, hi)) in &self.bounds {
+            let Some(x) = r.get(k) else { continue };
+            let (dir, score) = if !x.is_finite() || x > hi {
+                (Dir::Up, x)
+            } else if x < lo {
+                (Dir::Down, x)
+            } else {
+                continue;
+            };
+            signals.push(Signal {
+                feature: k.clone(),
+                dir,
+                score,
+                rule: Rule::Static,
+            });
+        }
+        (!signals.is_empty()).then_some(Alarm {
+            step: r.step,
+            signals,
+        })
+    }
+}
+
+/// Baseline: plain z-score of each watched feature against the mean and standard deviation of
+/// all earlier steps (after a warm-up).
+#[derive(Clone, Debug)]
+pub struct ZScoreDetector {
+    /// |z| that alarms.
+    pub threshold: f64,
+    /// Steps before z-scores count.
+    pub warmup: usize,
+    seen: BTreeMap<&'static str, Vec<f64>>,
+}
+
+impl ZScoreDetector {
+    /// A z-score detector.
+    pub fn new(threshold: f64, warmup: usize) -> Self {
+        Self {
+            threshold,
+            warmup,
+            seen: BTreeMap::new(),
+        }
+    }
+}
+
+impl Detector for ZScoreDetector {
+    fn name(&self) -> &'static str {
+        "z-score"
+    }
+
+    fn observe(&mut self, r: &StepRecord) -> Option<Alarm> {
+        let mut signals = Vec::new();
+        for wch in WATCHED {
+            let Some(x) = r.get(wch.name) else { continue };
+            let h = self.seen.entry(wch.name).or_default();
+            if h.len() >= self.warmup.max(2) {
+                let m = h.iter().sum::<f64>() / h.len() as f64;
+                let sd = (h.iter().map(|v| (v - m).powi(2)).sum::<f64>() / h.len() as f64).sqrt();
+                let z = if !x.is_finite() {
+                    f64::INFINITY
+                } else if sd > 1e-12 {
+                    (x - m) / sd
+                } else if (x - m).abs() > 1e-12 {
+                    f64::INFINITY * (x - m).signum()
+                } else {
+                    0.0
+                };
+                if z.abs() > self.threshold {
+                    signals.push(Signal {
+                        feature: wch.name.to_string(),
+                        dir: if z > 0.0 { Dir::Up } else { Dir::Down },
+                        score: z,
+                        rule: Rule::ZScore,
+                    });
+                }
+            }
+            if x.is_finite() {
+                h.push(x);
+            }
+        }
+        sort_signals(&mut signals);
+        (!signals.is_empty()).then_some(Alarm {
+            step: r.step,
+            signals,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(step: usize, kv: &[(&str, f64)]) -> StepRecord {
+        StepRecord {
+            step,
+            values: kv.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        }
+    }
+
+    fn noisy_reward(step: usize) -> f64 {
+        // Deterministic small-batch noise around 0.4.
+        0.4 + 0.06 * ((step * 7919 % 13) as f64 / 13.0 - 0.5)
+    }
+
+    #[test]
+    fn a_noisy_clean_series_raises_no_alarm() {
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=60 {
+            let r = rec(
+                s,
+                &[
+                    ("reward_mean", noisy_reward(s)),
+                    ("entropy", 2.0),
+                    ("lr", 1e-4),
+                ],
+            );
+            assert!(d.observe(&r).is_none(), "step {s}");
+        }
+    }
+
+    #[test]
+    fn hard_rules_fire_without_warm_up() {
+        let mut d = RobustDetector::new(RobustConfig {
+            reward_range: Some((0.0, 1.0)),
+            ..RobustConfig::default()
+        });
+        let a = d.observe(&rec(1, &[("nonfinite", 2.0)])).unwrap();
+        assert!(a.has("nonfinite", Dir::Up));
+        let a = d.observe(&rec(2, &[("kl", f64::NAN)])).unwrap();
+        assert!(a.has("nonfinite", Dir::Up));
+        let a = d.observe(&rec(3, &[("reward_min", -0.5)])).unwrap();
+        assert!(a.has("reward_min", Dir::Down));
+        let a = d.observe(&rec(4, &[("reward_max", 40.0)])).unwrap();
+        assert!(a.has("reward_max", Dir::Up));
+        let a = d.observe(&rec(5, &[("prompt_unique_frac", 0.25)])).unwrap();
+        assert!(a.has("prompt_unique_frac", Dir::Down));
+        let a = d.observe(&rec(5, &[("sandbox_error_rate", 0.5)])).unwrap();
+        assert!(a.has("sandbox_error_rate", Dir::Up));
+        assert!(d.observe(&rec(6, &[("lr", 1e-4)])).is_none());
+        let a = d.observe(&rec(7, &[("lr", 1e-2)])).unwrap();
+        assert!(a.has("lr", Dir::Up));
+        let a = d.observe(&rec(8, &[("lr", 0.0)])).unwrap();
+        assert!(a.has("lr", Dir::Down));
+    }
+
+    #[test]
+    fn robust_z_catches_a_jump_after_warm_up_only() {
+        let mut d = RobustDetector::new(RobustConfig::default());
+        // A jump during warm-up is not judged.
+        assert!(d.observe(&rec(1, &[("entropy", 2.0)])).is_none());
+        assert!(d.observe(&rec(2, &[("entropy", 2.02)])).is_none());
+        assert!(d.observe(&rec(3, &[("entropy", 1.98)])).is_none());
+        let a = d.observe(&rec(4, &[("entropy", 0.1)])).unwrap();
+        assert_eq!(a.signals[0].feature, "entropy");
+        assert_eq!(a.signals[0].rule, Rule::RobustZ);
+        assert_eq!(a.signals[0].dir, Dir::Down);
+        // The faulty value did not enter the baseline: still anomalous next step.
+        assert!(d.observe(&rec(5, &[("entropy", 0.1)])).is_some());
+    }
+
+    #[test]
+    fn cusum_catches_a_drift_a_single_z_misses() {
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=4 {
+            assert!(d.observe(&rec(s, &[("response_len", 40.0)])).is_none());
+        }
+        // Scale floor 0.2 * 40 = 8: +5 z-units per step stays at the z threshold of 5 but
+        // accumulates 2 per step above k = 3, past the CUSUM limit of 3 at the second step.
+        let mut fired = None;
+        for s in 5..=12 {
+            if let Some(a) = d.observe(&rec(s, &[("response_len", 80.0)])) {
+                fired = Some(a);
+                break;
+            }
+        }
+        let a = fired.expect("cusum fired");
+        assert_eq!(a.signals[0].rule, Rule::Cusum);
+        assert!(a.has("response_len", Dir::Up));
+    }
+
+    #[test]
+    fn baselines_fire_on_their_rules() {
+        let clean: Vec<StepRecord> = (1..=10)
+            .map(|s| rec(s, &[("kl", 0.01 * s as f64)]))
+            .collect();
+        let mut st = StaticDetector::fit(&clean, 0.1);
+        assert!(st.observe(&rec(1, &[("kl", 0.05)])).is_none());
+        assert!(st
+            .observe(&rec(2, &[("kl", 0.5)]))
+            .unwrap()
+            .has("kl", Dir::Up));
+        let mut z = ZScoreDetector::new(3.0, 3);
+        for s in 1..=5 {
+            assert!(z
+                .observe(&rec(s, &[("kl", 0.01 * (s % 2) as f64)]))
+                .is_none());
+        }
+        assert!(z
+            .observe(&rec(6, &[("kl", 1.0)]))
+            .unwrap()
+            .has("kl", Dir::Up));
+    }
+}
