@@ -184,6 +184,8 @@ fn bad_templates_and_missing_templates_are_one_clear_error_naming_the_file() {
     let out = Command::new(env!("CARGO_BIN_EXE_sorft"))
         .args([
             "generate",
+            "--device",
+            "cpu",
             "--chat",
             "--prompt",
             "hi",
