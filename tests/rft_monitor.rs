@@ -2,6 +2,8 @@
 //! health features see it, and each remediation action acts on the trainer; the benchmark's
 //! scorer catches a planted detector fault; `sorft monitor` reads an external log.
 
+mod train_util;
+
 use sorft::engine::{Backend, Cpu};
 use sorft::model::init::{init_model, Preset, EMBEDDED_CORPUS};
 use sorft::model::load_dir;
@@ -13,37 +15,7 @@ use sorft::rft::monitor::remediate::Action;
 use sorft::rft::monitor::supervisor::Verdict;
 use sorft::rft::monitor::taxonomy::{FaultFamily, FaultType};
 use sorft::rft::monitor::{MonitorMode, Supervisor};
-use sorft::rft::rl::{Algorithm, RlConfig, RlItem, RlTrainer};
-use sorft::swe::repo::RepoStore;
-use sorft::swe::subtask::training_records;
-use sorft::swe::synth::{generate, SynthConfig};
-use sorft::swe::truth::ground_truth;
-
-fn items(dir: &std::path::Path) -> Vec<RlItem> {
-    let report = generate(
-        &SynthConfig {
-            n: 2,
-            seed: 5,
-            ..Default::default()
-        },
-        dir,
-        &|_| {},
-    )
-    .unwrap();
-    let store = RepoStore::new(dir.join("repos"));
-    let mut out = Vec::new();
-    for inst in &report.instances {
-        let snap = store.snapshot(&inst.repo, &inst.base_commit).unwrap();
-        let gt = ground_truth(&inst.patch, &snap).unwrap();
-        for r in training_records(inst, &snap, &gt) {
-            out.push(RlItem {
-                record: r,
-                problem: inst.problem_statement.clone(),
-            });
-        }
-    }
-    out
-}
+use sorft::rft::rl::{Algorithm, RlConfig, RlTrainer};
 
 fn cfg() -> RlConfig {
     RlConfig {
@@ -64,7 +36,7 @@ fn cfg() -> RlConfig {
 #[test]
 fn injected_faults_show_in_health_and_every_action_acts_on_the_trainer() {
     let data = tempfile::tempdir().unwrap();
-    let items = items(data.path());
+    let items = train_util::rl_items(data.path());
     let mdir = tempfile::tempdir().unwrap();
     init_model(Preset::Tiny, mdir.path(), 1, &[EMBEDDED_CORPUS.to_string()]).unwrap();
     let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
@@ -140,7 +112,7 @@ fn injected_faults_show_in_health_and_every_action_acts_on_the_trainer() {
 #[test]
 fn duplicated_prompts_are_quarantined_and_broken_rewards_stop_the_run() {
     let data = tempfile::tempdir().unwrap();
-    let items = items(data.path());
+    let items = train_util::rl_items(data.path());
     let mdir = tempfile::tempdir().unwrap();
     init_model(Preset::Tiny, mdir.path(), 1, &[EMBEDDED_CORPUS.to_string()]).unwrap();
     let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();

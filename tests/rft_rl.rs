@@ -1,45 +1,17 @@
 //! A three-step RL smoke test per algorithm on the tiny model and generated instances: rewards,
 //! KL and losses are finite and logged, the policy changes, the reference does not.
 
+mod train_util;
+
 use sorft::engine::{Backend, Cpu};
 use sorft::model::init::{init_model, Preset, EMBEDDED_CORPUS};
 use sorft::model::load_dir;
 use sorft::rft::rl::{Algorithm, RlConfig, RlItem, RlTrainer};
-use sorft::swe::repo::RepoStore;
-use sorft::swe::subtask::training_records;
-use sorft::swe::synth::{generate, SynthConfig};
-use sorft::swe::truth::ground_truth;
-
-fn items(dir: &std::path::Path) -> Vec<RlItem> {
-    let report = generate(
-        &SynthConfig {
-            n: 2,
-            seed: 5,
-            ..Default::default()
-        },
-        dir,
-        &|_| {},
-    )
-    .unwrap();
-    let store = RepoStore::new(dir.join("repos"));
-    let mut out = Vec::new();
-    for inst in &report.instances {
-        let snap = store.snapshot(&inst.repo, &inst.base_commit).unwrap();
-        let gt = ground_truth(&inst.patch, &snap).unwrap();
-        for r in training_records(inst, &snap, &gt) {
-            out.push(RlItem {
-                record: r,
-                problem: inst.problem_statement.clone(),
-            });
-        }
-    }
-    out
-}
 
 #[test]
 fn three_rl_steps_per_algorithm_are_finite_and_move_the_policy() {
     let data = tempfile::tempdir().unwrap();
-    let items = items(data.path());
+    let items = train_util::rl_items(data.path());
     let mdir = tempfile::tempdir().unwrap();
     init_model(Preset::Tiny, mdir.path(), 1, &[EMBEDDED_CORPUS.to_string()]).unwrap();
     for alg in [Algorithm::Grpo, Algorithm::Ppo, Algorithm::Rloo] {
@@ -105,7 +77,7 @@ fn an_rl_run_stopped_and_resumed_reaches_the_same_weights_as_an_uninterrupted_on
     use sorft::rft::rl_run::{run_rl, RlRun};
     use std::sync::atomic::{AtomicBool, Ordering};
     let data = tempfile::tempdir().unwrap();
-    let items = items(data.path());
+    let items = train_util::rl_items(data.path());
     let mdir = tempfile::tempdir().unwrap();
     init_model(Preset::Tiny, mdir.path(), 2, &[EMBEDDED_CORPUS.to_string()]).unwrap();
     let cfg = RlConfig {
@@ -195,7 +167,7 @@ fn renamed_prompts_rename_everything_and_keep_their_rewards() {
     use sorft::pipeline::augment::{package_of, rename_item, renamed_items};
     use sorft::swe::subtask::Subtask;
     let dir = tempfile::tempdir().unwrap();
-    let items = items(dir.path());
+    let items = train_util::rl_items(dir.path());
     let word = |text: &str, w: &str| {
         regex::Regex::new(&format!(r"\b{w}\b"))
             .unwrap()
@@ -301,7 +273,7 @@ fn grpo_raises_the_sampled_reward_on_file_localization() {
     use sorft::swe::subtask::Subtask;
     let data = tempfile::tempdir().unwrap();
     // Two short file-localization prompts over the same four files, each with its own answer.
-    let base = items(data.path())
+    let base = train_util::rl_items(data.path())
         .into_iter()
         .find(|it| it.record.subtask == Subtask::File)
         .unwrap();

@@ -127,3 +127,30 @@ pub fn tiny_preset(dir: &Path, seed: u64) {
     )
     .unwrap();
 }
+
+/// The RL items (subtask records with their issue) of two generated instances (seed 5).
+pub fn rl_items(dir: &Path) -> Vec<sorft::rft::rl::RlItem> {
+    let report = sorft::swe::synth::generate(
+        &sorft::swe::synth::SynthConfig {
+            n: 2,
+            seed: 5,
+            ..Default::default()
+        },
+        dir,
+        &|_| {},
+    )
+    .unwrap();
+    let store = sorft::swe::repo::RepoStore::new(dir.join("repos"));
+    let mut out = Vec::new();
+    for inst in &report.instances {
+        let snap = store.snapshot(&inst.repo, &inst.base_commit).unwrap();
+        let gt = sorft::swe::truth::ground_truth(&inst.patch, &snap).unwrap();
+        for r in sorft::swe::subtask::training_records(inst, &snap, &gt) {
+            out.push(sorft::rft::rl::RlItem {
+                record: r,
+                problem: inst.problem_statement.clone(),
+            });
+        }
+    }
+    out
+}
