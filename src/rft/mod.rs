@@ -9,4 +9,5 @@ pub mod ppo;
 pub mod rl;
 pub mod rl_run;
 pub mod select;
+pub mod stats;
 pub mod teacher;
