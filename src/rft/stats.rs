@@ -40,7 +40,11 @@ impl Interval {
 
 impl std::fmt::Display for Interval {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:+.3} [{:+.3}, {:+.3}]", self.estimate, self.lo, self.hi)
+        write!(
+            f,
+            "{:+.3} [{:+.3}, {:+.3}]",
+            self.estimate, self.lo, self.hi
+        )
     }
 }
 
@@ -49,7 +53,11 @@ fn check_paired(a: &[Vec<f64>], b: &[Vec<f64>]) -> Result<(), StatsError> {
         return Err(StatsError::Empty);
     }
     if a.len() != b.len() {
-        return Err(StatsError::Unpaired(format!("{} vs {} instances", a.len(), b.len())));
+        return Err(StatsError::Unpaired(format!(
+            "{} vs {} instances",
+            a.len(),
+            b.len()
+        )));
     }
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         if x.len() != y.len() {
@@ -142,8 +150,16 @@ pub fn mcnemar(before: &[bool], after: &[bool]) -> Result<McNemar, StatsError> {
             after.len()
         )));
     }
-    let lost = before.iter().zip(after).filter(|(x, y)| **x && !**y).count();
-    let gained = before.iter().zip(after).filter(|(x, y)| !**x && **y).count();
+    let lost = before
+        .iter()
+        .zip(after)
+        .filter(|(x, y)| **x && !**y)
+        .count();
+    let gained = before
+        .iter()
+        .zip(after)
+        .filter(|(x, y)| !**x && **y)
+        .count();
     Ok(McNemar {
         lost,
         gained,
@@ -193,9 +209,16 @@ mod tests {
     fn bootstrap_detects_a_real_shift_and_not_noise() {
         // 60 instances, 4 subtasks each: b is a + 0.2 on every score -> interval around 0.2, excludes 0.
         let a: Vec<Vec<f64>> = (0..60)
-            .map(|i| (0..4).map(|j| ((i * 7 + j * 3) % 10) as f64 / 10.0).collect())
+            .map(|i| {
+                (0..4)
+                    .map(|j| ((i * 7 + j * 3) % 10) as f64 / 10.0)
+                    .collect()
+            })
             .collect();
-        let b: Vec<Vec<f64>> = a.iter().map(|c| c.iter().map(|x| x + 0.2).collect()).collect();
+        let b: Vec<Vec<f64>> = a
+            .iter()
+            .map(|c| c.iter().map(|x| x + 0.2).collect())
+            .collect();
         let iv = paired_cluster_bootstrap(&a, &b, 500, 0.95, 1).unwrap();
         assert!((iv.estimate - 0.2).abs() < 1e-12);
         assert!(iv.excludes_zero());
@@ -203,7 +226,11 @@ mod tests {
         let c: Vec<Vec<f64>> = a
             .iter()
             .enumerate()
-            .map(|(i, s)| s.iter().map(|x| x + if i % 2 == 0 { 0.5 } else { -0.5 }).collect())
+            .map(|(i, s)| {
+                s.iter()
+                    .map(|x| x + if i % 2 == 0 { 0.5 } else { -0.5 })
+                    .collect()
+            })
             .collect();
         let iv = paired_cluster_bootstrap(&a, &c, 500, 0.95, 1).unwrap();
         assert!(iv.estimate.abs() < 1e-12);
@@ -240,7 +267,10 @@ mod tests {
             paired_cluster_bootstrap(&a, &[], 10, 0.95, 0),
             Err(StatsError::Unpaired(_))
         ));
-        assert_eq!(paired_cluster_bootstrap(&[], &[], 10, 0.95, 0), Err(StatsError::Empty));
+        assert_eq!(
+            paired_cluster_bootstrap(&[], &[], 10, 0.95, 0),
+            Err(StatsError::Empty)
+        );
     }
 
     #[test]
