@@ -52,7 +52,8 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 fail=0
 printf '%-34s %-6s %5s %7s %s\n' kernel arch regs smem spill
-for cu in "$ROOT"/kernels/*.cu; do
+# tests/softgpu/ptx_test.cu: the test kernels of kernels/ptx.cuh (its inline PTX for sm_80 / sm_90a).
+for cu in "$ROOT"/kernels/*.cu "$ROOT"/tests/softgpu/ptx_test.cu; do
     name="$(basename "$cu" .cu)"
     if ! "$NVCC" -ptx -arch=compute_80 -I "$ROOT/kernels" -o "$OUT/$name.ptx" "$cu" 2>"$OUT/$name.ptx.log"; then
         echo "check-kernels: $name.cu: PTX compile error:" >&2

@@ -48,10 +48,16 @@ compile() { # key source extra-flags...
   fi
 }
 compile "$(key "$src/runtime.cpp" "$flags_file")" "$src/runtime.cpp"
+headers=("$kernels"/*.cuh)
 for m in $modules; do
-  compile "$(key "$out/gen/k_$m.cpp" "$kernels/$m.cu" "$kernels/common.cuh" "$src/shim.h" "$flags_file")" \
+  compile "$(key "$out/gen/k_$m.cpp" "$kernels/$m.cu" "${headers[@]}" "$src/shim.h" "$flags_file")" \
     "$out/gen/k_$m.cpp" "${kflags[@]}"
 done
+# The lane-by-lane test of kernels/ptx.cuh's PTX emulations (bin/ptx_test, run by the tests).
+compile "$(key "$src/ptx_test_main.cpp" "$src/ptx_test.cu" "${headers[@]}" "$src/shim.h" "$flags_file")" \
+  "$src/ptx_test_main.cpp" "${kflags[@]}"
+ptxo=${objs[${#objs[@]}-1]}
+unset 'objs[${#objs[@]}-1]'
 nv=$(key "$src/nvrtc.cpp" "$out/gen/modules.h" "$flags_file")
 compile "$nv" "$src/nvrtc.cpp" -I "$out/gen"
 fail=0
@@ -59,10 +65,13 @@ for p in "${pids[@]}"; do wait "$p" || fail=1; done
 [ $fail = 0 ] || { echo "softgpu: compile failed" >&2; exit 1; }
 nvo=${objs[${#objs[@]}-1]}
 unset 'objs[${#objs[@]}-1]'
-stamp=$(echo "${objs[*]} $nvo" | sha256sum | cut -c1-32)
+stamp=$(echo "${objs[*]} $nvo $ptxo" | sha256sum | cut -c1-32)
 if [ "$(cat "$out/lib/stamp" 2>/dev/null)" != "$stamp" ]; then
-  g++ -shared -o "$out/lib/libcuda.so.tmp" "${objs[@]}" -ldl -lm
+  g++ -shared -Wl,-Bsymbolic -o "$out/lib/libcuda.so.tmp" "${objs[@]}" -ldl -lm
   g++ -shared -o "$out/lib/libnvrtc.so.tmp" "$nvo"
+  mkdir -p "$out/bin"
+  g++ -o "$out/bin/ptx_test.tmp" "${objs[0]}" "$ptxo" -ldl -lm
+  mv "$out/bin/ptx_test.tmp" "$out/bin/ptx_test"
   mv "$out/lib/libcuda.so.tmp" "$out/lib/libcuda.so"
   mv "$out/lib/libnvrtc.so.tmp" "$out/lib/libnvrtc.so"
   ln -sf libcuda.so "$out/lib/libcuda.so.1"

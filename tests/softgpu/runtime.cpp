@@ -14,7 +14,8 @@
 //
 // Environment: SOFTGPU_CHECKS (comma list of mem,init,race; default all; "none" disables),
 // SOFTGPU_ORDER=reverse (runs blocks and threads in reverse order, to expose order dependence),
-// SOFTGPU_TRACE=1 (prints every launch).
+// SOFTGPU_TRACE=1 (prints every launch and its CPU time), SOFTGPU_PROFILE=1 (per-kernel launches,
+// blocks and CPU time, printed at exit).
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <link.h>
@@ -28,6 +29,8 @@
 #include <ucontext.h>
 #include <time.h>
 
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -74,6 +77,9 @@ const unsigned char GUARD_BYTE = 0xa5;
 std::recursive_mutex g_mu;
 int g_sticky = CUDA_SUCCESS;  // a failed launch poisons the context, as on a real GPU
 bool g_check_mem = true, g_check_init = true, g_check_race = true, g_reverse = false, g_trace = false;
+bool g_profile = false;
+bool g_any_check = true;  // any of mem, init, race
+void print_profile();
 
 void configure() {
     static bool done = false;
@@ -84,9 +90,12 @@ void configure() {
         g_check_mem = s.find("mem") != std::string::npos;
         g_check_init = s.find("init") != std::string::npos;
         g_check_race = s.find("race") != std::string::npos;
+        g_any_check = g_check_mem || g_check_init || g_check_race;
     }
     if (const char* o = getenv("SOFTGPU_ORDER")) g_reverse = strcmp(o, "reverse") == 0;
     if (const char* t = getenv("SOFTGPU_TRACE")) g_trace = t[0] == '1';
+    if (const char* t = getenv("SOFTGPU_PROFILE")) g_profile = t[0] == '1';
+    if (g_profile) atexit(print_profile);
 }
 
 // ---------------------------------------------------------------- device memory
@@ -204,6 +213,7 @@ struct Warp {
     unsigned gen;
     int lanes;
     int exited;
+    unsigned exited_mask;  // lanes that have returned from the kernel
     uint64_t vals[2][32];
 };
 
@@ -259,7 +269,31 @@ sg_switch_ctx:
 
 namespace {
 
-void yield_to_scheduler() { sg_switch_ctx(&g_fibers[g_cur].sp, g_sched_sp); }
+// The next runnable thread after `from` in this pass's order (reverse with SOFTGPU_ORDER=reverse), or -1.
+int next_runnable(int from) {
+    if (g_reverse) {
+        for (int i = from - 1; i >= 0; i--)
+            if (g_fibers[i].state == RUNNABLE) return i;
+    } else {
+        for (int i = from + 1; i < g_nthreads; i++)
+            if (g_fibers[i].state == RUNNABLE) return i;
+    }
+    return -1;
+}
+
+// Suspends the running thread and switches straight to the next runnable thread of this pass
+// (one context switch, no trip through the scheduler), or to the scheduler at the pass's end.
+void yield_to_scheduler() {
+    int me = g_cur;
+    int n = next_runnable(me);
+    if (n < 0) {
+        sg_switch_ctx(&g_fibers[me].sp, g_sched_sp);
+    } else {
+        g_cur = n;
+        sg_switch_ctx(&g_fibers[me].sp, g_fibers[n].sp);
+    }
+    g_cur = me;
+}
 
 // file:line of a code address, through addr2line (binutils) when it is installed.
 std::string source_line(void* pc) {
@@ -335,14 +369,17 @@ void fiber_main() {
                     "exited while %d lane(s) of its warp wait in a warp shuffle (divergent shuffle)", w.arrived);
     g_fibers[t].state = EXITED;
     w.exited++;
+    w.exited_mask |= 1u << (t % 32);
     g_exited++;
     if (g_arrived > 0 && g_arrived + g_exited == g_nthreads) release_barrier();
-    sg_switch_ctx(&g_fibers[t].sp, g_sched_sp);
+    yield_to_scheduler();  // an exited thread is never resumed
     abort();
 }
 
 void init_fiber(int i) {
-    uintptr_t top = ((uintptr_t)g_stacks + (size_t)(i + 1) * STACK) & ~(uintptr_t)15;
+    // Stack tops staggered by a few cache lines per thread: at one 256 KiB stride every thread's
+    // live frames would map to the same cache sets and evict each other at every switch.
+    uintptr_t top = ((uintptr_t)g_stacks + (size_t)(i + 1) * STACK - (size_t)(i % 64) * 576) & ~(uintptr_t)63;
     void** sp = (void**)top;
     *--sp = nullptr;
     *--sp = (void*)&fiber_main;
@@ -365,6 +402,19 @@ std::string deadlock_report() {
     return buf;
 }
 
+// The cp.async copies a thread has issued and not yet waited for (kernels/ptx.cuh).
+struct AsyncCopy {
+    unsigned char* dst;
+    const unsigned char* src;
+    unsigned bytes, src_bytes;
+    void* pc;
+};
+struct AsyncQueue {
+    std::vector<AsyncCopy> open;               // issued since the last commit
+    std::deque<std::vector<AsyncCopy>> groups;  // committed, oldest first
+};
+AsyncQueue g_async[MAX_THREADS];
+
 // Runs one block to completion; false when the launch failed.
 bool run_block() {
     g_block_serial++;
@@ -374,22 +424,27 @@ bool run_block() {
         g_warps[w].arrived = 0;
         g_warps[w].gen = 0;
         g_warps[w].exited = 0;
+        g_warps[w].exited_mask = 0;
         g_warps[w].lanes = g_nthreads - w * 32 < 32 ? g_nthreads - w * 32 : 32;
     }
-    for (int i = 0; i < g_nthreads; i++) init_fiber(i);
+    for (int i = 0; i < g_nthreads; i++) {
+        init_fiber(i);
+        g_async[i].open.clear();  // copies never waited for are never visible
+        g_async[i].groups.clear();
+    }
+    // A pass starts at the first runnable thread; the threads hand over to each other in order
+    // (yield_to_scheduler) and the last one of the pass returns here.
     for (;;) {
-        bool progress = false;
-        for (int k = 0; k < g_nthreads; k++) {
-            int i = g_reverse ? g_nthreads - 1 - k : k;
-            if (g_fibers[i].state != RUNNABLE) continue;
-            g_cur = i;
-            sg_switch_ctx(&g_sched_sp, g_fibers[i].sp);
+        int first = next_runnable(g_reverse ? g_nthreads : -1);
+        if (first >= 0) {
+            g_cur = first;
+            sg_switch_ctx(&g_sched_sp, g_fibers[first].sp);
             g_cur = -1;
-            progress = true;
             if (g_abort) return false;
+            continue;
         }
         if (g_exited == g_nthreads) return true;
-        if (!progress) {
+        {
             fprintf(stderr, "softgpu: kernel %s, block (%u,%u,%u): %s\n", g_kernel->name.c_str(), g_block_idx.x,
                     g_block_idx.y, g_block_idx.z, deadlock_report().c_str());
             g_launch_error = CUDA_ERROR_LAUNCH_FAILED;
@@ -399,6 +454,7 @@ bool run_block() {
 }
 
 // ---------------------------------------------------------------- access checks
+
 
 struct SharedWord {
     uint32_t serial;   // block that last touched the word (older: the word is fresh)
@@ -481,7 +537,7 @@ inline bool in_stacks(uintptr_t a) {
 }
 
 void check_access(const void* p, size_t n, bool write, bool atomic, void* pc) {
-    if (g_cur < 0) return;  // not kernel code (static initialisers)
+    if (!g_any_check || g_cur < 0) return;  // checks off, or not kernel code (static initialisers)
     uintptr_t a = (uintptr_t)p;
     if (in_stacks(a)) return;
     if (a >= g_shared_lo && a < g_shared_hi) {
@@ -594,15 +650,18 @@ SG_EXPORT void sg_syncthreads(void) {
     yield_to_scheduler();
 }
 
-SG_EXPORT uint64_t sg_shfl(uint64_t v, int src, unsigned mask) {
+}  // extern "C"
+
+namespace {
+// Every live lane of the running thread's warp contributes `v`; returns the warp's values, valid
+// until this thread's next warp operation.
+const uint64_t* warp_exchange(uint64_t v, unsigned mask, void* pc) {
     int t = g_cur, wi = t / 32, lane = t % 32;
     Warp& w = g_warps[wi];
-    unsigned live = 0;
-    for (int l = 0; l < w.lanes; l++)
-        if (g_fibers[wi * 32 + l].state != EXITED || l == lane) live |= 1u << l;
     unsigned lanes_mask = w.lanes == 32 ? 0xffffffffu : ((1u << w.lanes) - 1);
+    unsigned live = (lanes_mask & ~w.exited_mask) | (1u << lane);
     if ((mask & lanes_mask) != live)
-        kernel_fail(CUDA_ERROR_LAUNCH_FAILED, __builtin_return_address(0),
+        kernel_fail(CUDA_ERROR_LAUNCH_FAILED, pc,
                     "warp-synchronous operation with mask 0x%08x but live lanes 0x%08x (exited lanes or a "
                     "partial mask, which the software GPU does not emulate)",
                     mask, live);
@@ -615,17 +674,69 @@ SG_EXPORT uint64_t sg_shfl(uint64_t v, int src, unsigned mask) {
         g_fibers[t].state = AT_WARP;
         yield_to_scheduler();
     }
-    if (src < 0 || src >= w.lanes) return v;
-    return w.vals[g][src];
+    return w.vals[g];
+}
+}  // namespace
+
+extern "C" {
+SG_EXPORT uint64_t sg_shfl(uint64_t v, int src, unsigned mask) {
+    const uint64_t* vals = warp_exchange(v, mask, __builtin_return_address(0));
+    if (src < 0 || src >= g_warps[g_cur / 32].lanes) return v;
+    return vals[src];
+}
+
+// Every lane of the warp gets every lane's `v` (the PTX emulations of kernels/ptx.cuh).
+SG_EXPORT void sg_warp_all(unsigned long long v, unsigned mask, unsigned long long* out) {
+    const uint64_t* vals = warp_exchange(v, mask, __builtin_return_address(0));
+    int lanes = g_warps[g_cur / 32].lanes;
+    for (int l = 0; l < 32; l++) out[l] = l < lanes ? vals[l] : 0;
+}
+
+// A PTX emulation found an operand the instruction does not allow: fails the launch.
+SG_EXPORT void sg_ptx_fail(const char* what) {
+    kernel_fail(CUDA_ERROR_LAUNCH_FAILED, __builtin_return_address(0), "%s", what);
+}
+
+SG_EXPORT int sg_is_shared(const void* p) {
+    return (uintptr_t)p >= g_shared_lo && (uintptr_t)p < g_shared_hi;
+}
+
+// cp.async: copies queue per thread until a wait covers their group (see kernels/ptx.cuh).
+SG_EXPORT void sg_cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes) {
+    void* pc = __builtin_return_address(0);
+    if (((uintptr_t)dst | (uintptr_t)src) % bytes != 0)
+        kernel_fail(CUDA_ERROR_LAUNCH_FAILED, pc, "cp.async of %u bytes from %p to %p: addresses not %u-byte aligned",
+                    bytes, src, dst, bytes);
+    if (src_bytes > bytes)
+        kernel_fail(CUDA_ERROR_LAUNCH_FAILED, pc, "cp.async with src-size %u larger than cp-size %u", src_bytes, bytes);
+    if (!sg_is_shared(dst))
+        kernel_fail(CUDA_ERROR_ILLEGAL_ADDRESS, pc, "cp.async destination %p is not in shared memory", dst);
+    g_async[g_cur].open.push_back(AsyncCopy{(unsigned char*)dst, (const unsigned char*)src, bytes, src_bytes, pc});
+}
+SG_EXPORT void sg_cp_async_commit(void) {
+    AsyncQueue& q = g_async[g_cur];
+    q.groups.push_back(std::move(q.open));
+    q.open.clear();
+}
+SG_EXPORT void sg_cp_async_wait(int pending) {
+    AsyncQueue& q = g_async[g_cur];
+    while ((int)q.groups.size() > pending) {
+        for (const AsyncCopy& c : q.groups.front()) {
+            if (c.src_bytes) check_access(c.src, c.src_bytes, false, false, c.pc);
+            check_access(c.dst, c.bytes, true, false, c.pc);
+            if (c.src_bytes) memcpy(c.dst, c.src, c.src_bytes);
+            memset(c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
+        }
+        q.groups.pop_front();
+    }
 }
 
 SG_EXPORT unsigned sg_ballot(int pred, unsigned mask) {
+    const uint64_t* vals = warp_exchange(pred ? 1 : 0, mask, __builtin_return_address(0));
     unsigned r = 0;
     int lanes = g_warps[g_cur / 32].lanes;
-    // One exchange per lane keeps the warp in step; the values are gathered by index.
-    uint64_t mine = pred ? 1 : 0;
     for (int l = 0; l < lanes; l++)
-        if (sg_shfl(mine, l, mask)) r |= 1u << l;
+        if (vals[l]) r |= 1u << l;
     return r & mask;
 }
 
@@ -685,6 +796,38 @@ struct Event {
 int g_ctx_token = 0, g_stream_token = 0;
 CUcontext g_current = nullptr;
 
+// SOFTGPU_PROFILE=1: launches, blocks and wall time per kernel, printed at exit.
+struct KernelStats {
+    uint64_t launches = 0, blocks = 0;
+    double ms = 0;
+};
+std::map<std::string, KernelStats>& profile() {
+    static std::map<std::string, KernelStats> p;
+    return p;
+}
+void print_profile() {
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (auto& kv : profile()) {
+        rows.push_back({kv.second.ms, kv.first});
+        total += kv.second.ms;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    fprintf(stderr, "softgpu profile: %.1f ms of CPU in kernels\n", total);
+    for (auto& r : rows) {
+        const KernelStats& st = profile()[r.second];
+        fprintf(stderr, "softgpu profile: %10.1f ms %8llu launches %10llu blocks  %s\n", st.ms,
+                (unsigned long long)st.launches, (unsigned long long)st.blocks, r.second.c_str());
+    }
+}
+
+// CPU time of this thread: launch timings that a loaded machine does not distort.
+double cpu_ms() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 double now_ms() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -705,9 +848,7 @@ CUresult launch(const Kernel* k, dim3 grid, dim3 block, void** params) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (k->n_params > 0 && !params) return CUDA_ERROR_INVALID_VALUE;
-    if (g_trace)
-        fprintf(stderr, "softgpu: launch %s grid (%u,%u,%u) block %u\n", k->name.c_str(), grid.x, grid.y, grid.z,
-                block.x);
+    double t0 = cpu_ms();
     g_kernel = k;
     g_params = params;
     g_grid_dim = grid;
@@ -727,6 +868,16 @@ CUresult launch(const Kernel* k, dim3 grid, dim3 block, void** params) {
     }
     restore_fault_handlers();
     g_kernel = nullptr;
+    double ms = cpu_ms() - t0;
+    if (g_trace)
+        fprintf(stderr, "softgpu: launch %s grid (%u,%u,%u) block %u: %.3f ms of CPU\n", k->name.c_str(), grid.x, grid.y,
+                grid.z, block.x, ms);
+    if (g_profile) {
+        KernelStats& st = profile()[k->name];
+        st.launches++;
+        st.blocks += nblocks;
+        st.ms += ms;
+    }
     return g_sticky;
 }
 }  // namespace

@@ -7,6 +7,9 @@
 // implements the __tsan_* access callbacks itself and checks every global and shared access.
 #pragma once
 
+// kernels/ptx.cuh selects its PTX emulations with this.
+#define SORFT_SOFTGPU 1
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
