@@ -239,3 +239,47 @@ fn an_integer_division_by_zero_in_a_kernel_is_reported_not_a_crash() {
     assert!(t.contains("integer division by zero"), "{t}");
     assert!(t.contains("kernel rope_"), "{t}");
 }
+
+/// Runs the lane-by-lane test of kernels/ptx.cuh's emulations built beside `lib`.
+fn ptx_test(lib: &Path, args: &[&str]) -> Output {
+    let bin = lib.parent().unwrap().join("bin/ptx_test");
+    Command::new(bin).args(args).output().expect("ptx_test runs")
+}
+
+#[test]
+fn every_ptx_emulation_matches_plain_matrix_products_lane_by_lane() {
+    let Some(lib) = build(None, None) else { return };
+    let o = ptx_test(&lib, &[]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("ptx_test: 2240 checks, 0 failed"), "{t}");
+}
+
+#[test]
+fn a_cp_async_read_before_its_wait_group_is_caught() {
+    let Some(lib) = build(None, None) else { return };
+    let o = ptx_test(&lib, &["cp-async-early"]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("kernel ptx_cp_async"), "{t}");
+    assert!(t.contains("no thread of this block has written"), "{t}");
+}
+
+#[test]
+fn a_wrong_fragment_layout_in_an_emulation_fails_the_lane_test() {
+    // A's registers 1 and 2 swapped (rows 8..15 taken for columns 8..15): the mma checks fail.
+    let k = planted(
+        "ptx.cuh",
+        "int areg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);",
+        "int areg = (row >= 8 ? 2 : 0) + (k >= 8 ? 1 : 0);",
+    );
+    let out = tempfile::tempdir().unwrap();
+    let Some(lib) = build(Some(k.path()), Some(out.path())) else {
+        return;
+    };
+    let o = ptx_test(&lib, &[]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("FAIL mma bf16 (registers) lane"), "{t}");
+    assert!(t.contains("FAIL cp.async + ldmatrix + mma lane"), "{t}");
+}
