@@ -16,7 +16,7 @@ __device__ void row_stats(const float* z, u32 v, float* scratch, float& m, float
         float d = z[i] - m;
         float e = __expf(d);
         ls += e;
-        lz += e * d;
+        if (e > 0.f) lz += e * d;  // a -inf logit: exp(-inf) * -inf would be NaN; its term is 0
     }
     s = block_sum(ls, scratch);
     sz = block_sum(lz, scratch);

@@ -45,7 +45,13 @@ PY
         NVCC_DIR="$(ls -d "$VENV"/lib/python3*/site-packages/nvidia/cu13/bin | head -1)"
     fi
     NVCC="$NVCC_DIR/nvcc"
+    # The SASS census (scripts/sass-census.sh) disassembles with cuobjdump + nvdisasm (13.2: the
+    # oldest on PyPI; they read 13.0's cubins).
+    if [[ ! -x "$NVCC_DIR/cuobjdump" || ! -x "$NVCC_DIR/nvdisasm" ]]; then
+        "$VENV/bin/pip" install --quiet "nvidia-cuda-cuobjdump==13.2.*" "nvidia-cuda-nvdisasm==13.2.*"
+    fi
 fi
+export NVCC
 echo "check-kernels: $("$NVCC" --version | tail -2 | head -1)" >&2
 
 OUT="$(mktemp -d)"
@@ -88,6 +94,9 @@ for cu in "$ROOT"/kernels/*.cu "$ROOT"/tests/softgpu/ptx_test.cu; do
         fi
     done
 done
+# Tensor-core instructions present where kernels/census.txt requires them, no local memory in
+# hot kernels (sm_80 SASS).
+"$ROOT/scripts/sass-census.sh" "$OUT"/*.sm_80.cubin || fail=1
 if [[ $fail -ne 0 ]]; then
     echo "check-kernels: FAILED" >&2
     exit 1

@@ -283,3 +283,109 @@ fn a_wrong_fragment_layout_in_an_emulation_fails_the_lane_test() {
     assert!(t.contains("FAIL mma bf16 (registers) lane"), "{t}");
     assert!(t.contains("FAIL cp.async + ldmatrix + mma lane"), "{t}");
 }
+
+/// `--set` flags that shrink `sorft repro --quick` for the software GPU (no warm-up, prompts and
+/// answers cut to 640 and 16 tokens): every stage still runs, at a tenth of the attention work.
+const SOFTGPU_REPRO: &[&str] = &[
+    "--set",
+    "model.warmup_epochs=0",
+    "--set",
+    "stage1.max_len=640",
+    "--set",
+    "stage1.batch_tokens=640",
+    "--set",
+    "stage2.max_prompt_tokens=640",
+    "--set",
+    "eval.max_prompt_tokens=640",
+    "--set",
+    "stage2.max_new_tokens=16",
+    "--set",
+    "eval.max_new_tokens=16",
+];
+
+/// The report's result tables and zero-score reasons (from "## Held-out results" to the RL
+/// monitor), each line split into cells; wall-time columns (headed "... s") are blanked.
+fn result_tables(report: &str) -> Vec<Vec<String>> {
+    let start = report.find("## Held-out results").expect("a results section");
+    let end = report.find("## RL monitor").expect("an RL monitor section");
+    let mut timing: Vec<usize> = Vec::new();
+    let mut rows = Vec::new();
+    for line in report[start..end].lines() {
+        let cells: Vec<String> = line.split('|').map(|c| c.trim().to_string()).collect();
+        if line.starts_with("| ") && cells.iter().any(|c| c.ends_with(" s")) {
+            timing = (0..cells.len()).filter(|&i| cells[i].ends_with(" s")).collect();
+        } else if !line.starts_with('|') {
+            timing.clear();
+        }
+        let cells = cells
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| if timing.contains(&i) { String::new() } else { c })
+            .collect();
+        rows.push(cells);
+    }
+    rows
+}
+
+/// Cells equal, numbers within `tol` (absolute, the reports print 3 or 4 decimals).
+fn tables_match(a: &[Vec<String>], b: &[Vec<String>], tol: f64) -> Result<(), String> {
+    if a.len() != b.len() {
+        return Err(format!("{} lines vs {}", a.len(), b.len()));
+    }
+    for (ra, rb) in a.iter().zip(b) {
+        let same = ra.len() == rb.len()
+            && ra.iter().zip(rb).all(|(x, y)| {
+                x == y
+                    || matches!((x.parse::<f64>(), y.parse::<f64>()), (Ok(p), Ok(q)) if (p - q).abs() <= tol)
+            });
+        if !same {
+            return Err(format!("{} vs {}", ra.join("|"), rb.join("|")));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_tables_of_a_planted_difference_do_not_match() {
+    let report = "## Held-out results\n| stage | file |\n|---|---|\n| sft | 0.333 |\n## Stage 2 (per step)\n| step | reward | rollout s |\n| 1 | 0.500 | 0.2 |\n## RL monitor\n";
+    let a = result_tables(report);
+    assert_eq!(tables_match(&a, &a, 0.002), Ok(()));
+    let slower = result_tables(&report.replace("| 0.2 |", "| 16.7 |"));
+    assert_eq!(tables_match(&a, &slower, 0.002), Ok(()));
+    let b = result_tables(&report.replace("0.333", "0.334"));
+    assert_eq!(tables_match(&a, &b, 0.002), Ok(()));
+    let c = result_tables(&report.replace("0.333", "0.500"));
+    assert!(tables_match(&a, &c, 0.002).is_err());
+    let d = result_tables(&report.replace("| 1 | 0.500", "| 1 | 0.250"));
+    assert!(tables_match(&a, &d, 0.002).is_err());
+}
+
+#[test]
+fn quick_repro_on_the_software_gpu_reports_the_cpu_runs_tables() {
+    let Some(lib) = build(None, None) else { return };
+    let run = |device: &str| -> String {
+        let out = tempfile::tempdir().unwrap();
+        let mut args = vec!["repro", "--quick", "--seed", "3", "--dtype", "f32"];
+        args.extend(["--device", device]);
+        args.extend(SOFTGPU_REPRO);
+        let out_s = out.path().to_str().unwrap().to_string();
+        args.extend(["--out", &out_s]);
+        let o = sorft(&lib, &args, &[]);
+        let t = text(&o);
+        assert!(o.status.success(), "{device}: {t}");
+        assert!(!t.contains("softgpu: kernel"), "{t}");
+        std::fs::read_to_string(out.path().join("report.md")).unwrap()
+    };
+    let gpu = run("cuda");
+    assert!(
+        gpu.contains("Device: cuda:0 (sorft software GPU), f32"),
+        "{gpu}"
+    );
+    let cpu = run("cpu");
+    assert!(cpu.contains("Device: cpu"), "{cpu}");
+    let (g, c) = (result_tables(&gpu), result_tables(&cpu));
+    assert!(g.len() > 30, "{gpu}");
+    if let Err(e) = tables_match(&g, &c, 0.002) {
+        panic!("software GPU vs CPU: {e}\n--- cuda\n{gpu}\n--- cpu\n{cpu}");
+    }
+}

@@ -235,6 +235,56 @@ impl Pair<'_> {
     }
 }
 
+/// Token log-probabilities and entropies of rows where one vocabulary entry's logit is -inf (a
+/// head row holding -inf, positive hidden states): `exp(-inf) * -inf` must count as 0, not NaN.
+fn masked_logit_check(g: &Cuda, tol: f64, tag: &str, c: &mut Checks) -> Result<()> {
+    let (t, d, v) = (6usize, 8usize, 16usize);
+    let h: Vec<f32> = (0..t * d)
+        .map(|i| 0.125 + 0.0625 * ((i * 3) % 7) as f32)
+        .collect();
+    let mut head: Vec<f32> = (0..v * d)
+        .map(|i| 0.125 * ((i / d + i % d) % 5) as f32 - 0.25)
+        .collect();
+    head[5 * d] = f32::NEG_INFINITY;
+    let targets: Vec<u32> = (0..t).map(|i| (i * 3 % 4) as u32).collect();
+    let up = |data: &[f32], shape: &[usize]| -> Result<(Tensor<Cuda>, Tensor<Cpu>)> {
+        Ok((
+            g.upload(HostData::F32(data), shape)?,
+            Cpu.upload(HostData::F32(data), shape)?,
+        ))
+    };
+    let (h_g, h_c) = up(&h, &[t, d])?;
+    let (w_g, w_c) = up(&head, &[v, d])?;
+    let tg_g = g.upload(HostData::U32(&targets), &[t])?;
+    let tg_c = Cpu.upload(HostData::U32(&targets), &[t])?;
+    let (lp_g, en_g) = g.token_logprobs(&h_g, &w_g, &tg_g, 4)?;
+    let (lp_c, en_c) = Cpu.token_logprobs(&h_c, &w_c, &tg_c, 4)?;
+    let (lp_c, en_c) = (host(&Cpu, &lp_c)?, host(&Cpu, &en_c)?);
+    let finite = lp_c.iter().chain(&en_c).all(|x| x.is_finite());
+    c.push(
+        format!("token_logprobs with a -inf logit: CPU finite {tag}"),
+        finite,
+        if finite {
+            String::new()
+        } else {
+            format!("logp {lp_c:?} entropy {en_c:?}")
+        },
+    );
+    c.close(
+        format!("token_logprobs with a -inf logit: logp {tag}"),
+        &host(g, &lp_g)?,
+        &lp_c,
+        tol,
+    );
+    c.close(
+        format!("token_logprobs with a -inf logit: entropy {tag}"),
+        &host(g, &en_g)?,
+        &en_c,
+        tol,
+    );
+    Ok(())
+}
+
 fn host<B: Backend>(be: &B, t: &Tensor<B>) -> Result<Vec<f32>> {
     Ok(be.to_host_f32(t)?)
 }
@@ -508,6 +558,7 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
         &host(&Cpu, &dh_head_c)?,
         tol,
     );
+    masked_logit_check(g, tol, &tag, c)?;
     // attention: packed training forward/backward, cache attention (prefill + decode batch)
     for (hd, nh, nkv) in [(16usize, 4usize, 2usize), (64, 4, 2), (128, 2, 1)] {
         let sh = AttentionShape {

@@ -567,8 +567,8 @@ void check_access(const void* p, size_t n, bool write, bool atomic, void* pc) {
 }
 
 std::map<std::string, Kernel*>& kernels() {
-    static std::map<std::string, Kernel*> k;
-    return k;
+    static auto* k = new std::map<std::string, Kernel*>;  // never destroyed: read at exit
+    return *k;
 }
 
 // A hardware trap inside kernel code (integer division by zero, which a GPU answers with garbage
@@ -802,8 +802,8 @@ struct KernelStats {
     double ms = 0;
 };
 std::map<std::string, KernelStats>& profile() {
-    static std::map<std::string, KernelStats> p;
-    return p;
+    static auto* p = new std::map<std::string, KernelStats>;  // never destroyed: read at exit
+    return *p;
 }
 void print_profile() {
     std::vector<std::pair<double, std::string>> rows;

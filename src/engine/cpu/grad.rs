@@ -505,7 +505,10 @@ fn softmax_row(row: &mut [f32]) -> (f32, f32) {
     let mut sz = 0.0f64;
     for z in row.iter_mut() {
         let e = ((*z - m) as f64).exp();
-        sz += e * (*z - m) as f64;
+        if e > 0.0 {
+            // A -inf logit contributes 0 (not exp(-inf) * -inf = NaN).
+            sz += e * (*z - m) as f64;
+        }
         s += e;
         *z = e as f32;
     }
