@@ -261,7 +261,7 @@ pub(crate) fn embedding_backward(
     elementwise(
         be,
         &format!("embedding_backward_{}", Cuda::suffix(op, dt)?),
-        t * d,
+        d, // one thread per column, tokens in order (deterministic)
         &[
             Arg::P(be.ptr(dtable)),
             Arg::P(be.ptr(dx)),
