@@ -57,7 +57,11 @@ fn the_census_catches_a_tensor_core_kernel_that_lost_its_mma() {
 
     // The planted loss: the tile product done with scalar FMAs instead of mma.sync.
     let from = "    float d[4] = {0.f, 0.f, 0.f, 0.f};\n    mma_16816_bf16(d, ar, br);";
-    assert_eq!(src.matches(from).count(), 1, "pattern of the planted change");
+    assert_eq!(
+        src.matches(from).count(),
+        1,
+        "pattern of the planted change"
+    );
     let scalar = "    float d[4] = {0.f, 0.f, 0.f, 0.f};\n    for (int i = 0; i < 4; i++) d[i] += __uint_as_float(ar[i] << 16) * __uint_as_float(br[i & 1] << 16);";
     let bad_dir = tempfile::tempdir().unwrap();
     let bad = bad_dir.path().join("ptx_test.cu");

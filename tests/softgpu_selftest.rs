@@ -243,7 +243,10 @@ fn an_integer_division_by_zero_in_a_kernel_is_reported_not_a_crash() {
 /// Runs the lane-by-lane test of kernels/ptx.cuh's emulations built beside `lib`.
 fn ptx_test(lib: &Path, args: &[&str]) -> Output {
     let bin = lib.parent().unwrap().join("bin/ptx_test");
-    Command::new(bin).args(args).output().expect("ptx_test runs")
+    Command::new(bin)
+        .args(args)
+        .output()
+        .expect("ptx_test runs")
 }
 
 #[test]
@@ -306,21 +309,31 @@ const SOFTGPU_REPRO: &[&str] = &[
 /// The report's result tables and zero-score reasons (from "## Held-out results" to the RL
 /// monitor), each line split into cells; wall-time columns (headed "... s") are blanked.
 fn result_tables(report: &str) -> Vec<Vec<String>> {
-    let start = report.find("## Held-out results").expect("a results section");
+    let start = report
+        .find("## Held-out results")
+        .expect("a results section");
     let end = report.find("## RL monitor").expect("an RL monitor section");
     let mut timing: Vec<usize> = Vec::new();
     let mut rows = Vec::new();
     for line in report[start..end].lines() {
         let cells: Vec<String> = line.split('|').map(|c| c.trim().to_string()).collect();
         if line.starts_with("| ") && cells.iter().any(|c| c.ends_with(" s")) {
-            timing = (0..cells.len()).filter(|&i| cells[i].ends_with(" s")).collect();
+            timing = (0..cells.len())
+                .filter(|&i| cells[i].ends_with(" s"))
+                .collect();
         } else if !line.starts_with('|') {
             timing.clear();
         }
         let cells = cells
             .into_iter()
             .enumerate()
-            .map(|(i, c)| if timing.contains(&i) { String::new() } else { c })
+            .map(|(i, c)| {
+                if timing.contains(&i) {
+                    String::new()
+                } else {
+                    c
+                }
+            })
             .collect();
         rows.push(cells);
     }
