@@ -122,3 +122,62 @@ fn pids_cgroup_bounds_threads_and_is_removed() {
         eprintln!("no pids cgroup here: {:?}", out.layers.cgroups.unavailable);
     }
 }
+
+#[test]
+fn the_workspace_quota_bounds_files_and_bytes_and_is_unmounted() {
+    use sorft::sandbox::quota::{self, Quota};
+    use sorft::sandbox::workspace::{RepoSource, Workspace};
+    let base = scratch();
+    let repo = tiny_repo(base.path());
+    let q = Quota {
+        bytes: 16 << 20,
+        files: 300,
+    };
+    let ws = Workspace::create_with(base.path(), RepoSource::Dir(&repo), Some(&q)).unwrap();
+    let Some(got) = ws.quota().tmpfs else {
+        let why = ws.quota().missing.clone().unwrap_or_default();
+        assert!(
+            std::env::var_os("SORFT_REQUIRE_QUOTA").is_none(),
+            "SORFT_REQUIRE_QUOTA is set but the workspace tmpfs is missing: {why}"
+        );
+        eprintln!("SKIPPED: no per-run tmpfs here ({why}); only RLIMIT_FSIZE bounds files");
+        return;
+    };
+    assert_eq!(got, q);
+    let root = ws.root().to_path_buf();
+    assert!(quota::is_mounted(&root));
+    // Many empty files stop at the inode bound; big files stop at the byte bound, in the
+    // repository and in /tmp alike (both live on the run's tmpfs).
+    let code = "import os\nn = 0\ntry:\n    for i in range(1000):\n        open('f%d' % i, 'w').close()\n        n += 1\nexcept OSError as e:\n    print('files stopped', n, e.errno)\nfor i in range(n):\n    os.remove('f%d' % i)\nfor d in ('.', '/tmp'):\n    big = 0\n    try:\n        for i in range(8):\n            with open(os.path.join(d, 'big%d' % i), 'wb') as f:\n                f.write(b'x' * (4 << 20))\n            big += 1\n    except OSError as e:\n        print('bytes stopped', d, big, e.errno)\n    for i in range(big + 1):\n        try:\n            os.remove(os.path.join(d, 'big%d' % i))\n        except OSError:\n            pass\n";
+    let out = py(&ws, code, &defaults());
+    let tail = &out.output.tail;
+    assert_eq!(out.exit, ExitKind::Exited(0), "{tail}");
+    let stopped_at = |prefix: &str| -> Option<(u64, i32)> {
+        let l = tail.lines().find(|l| l.starts_with(prefix))?;
+        let w: Vec<&str> = l.split_whitespace().collect();
+        Some((w[w.len() - 2].parse().ok()?, w[w.len() - 1].parse().ok()?))
+    };
+    let (files, errno) = stopped_at("files stopped").expect(tail);
+    assert!(files < 300 && errno == libc::ENOSPC, "{tail}");
+    let (big, errno) = stopped_at("bytes stopped .").expect(tail);
+    assert!(big < 4 && errno == libc::ENOSPC, "{tail}");
+    let (big, errno) = stopped_at("bytes stopped /tmp").expect(tail);
+    assert!(big < 4 && errno == libc::ENOSPC, "{tail}");
+    drop(ws);
+    assert!(
+        !quota::is_mounted(&root),
+        "the tmpfs outlived its workspace"
+    );
+    assert!(!root.exists());
+}
+
+#[test]
+fn a_workspace_without_a_quota_says_why() {
+    use sorft::sandbox::workspace::{RepoSource, Workspace};
+    let base = scratch();
+    let repo = tiny_repo(base.path());
+    let ws = Workspace::create_with(base.path(), RepoSource::Dir(&repo), None).unwrap();
+    assert!(ws.quota().tmpfs.is_none());
+    assert!(!sorft::sandbox::quota::is_mounted(ws.root()));
+    assert_eq!(ws.quota().missing.as_deref(), Some("no quota requested"));
+}

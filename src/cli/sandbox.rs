@@ -222,7 +222,20 @@ fn limits_layers() {
             format!(", as {} MiB", l.address_space >> 20)
         }
     );
-    println!("files        partial    RLIMIT_FSIZE bounds each file; total bytes and inodes of a workspace are NOT bounded");
+    let q = sorft::sandbox::quota::probe(&sorft::sandbox::workspace::default_base(), &l.quota());
+    match (q.tmpfs, q.missing) {
+        (Some(t), _) => println!(
+            "workspace    available  its own tmpfs per run: {} MiB, {} files (repository copy, writes and /tmp); RLIMIT_FSIZE {} MiB per file",
+            t.bytes >> 20,
+            t.files,
+            l.file_size >> 20
+        ),
+        (None, why) => println!(
+            "workspace    MISSING    {}; only RLIMIT_FSIZE {} MiB bounds each file, total bytes and files are not bounded",
+            why.unwrap_or_default(),
+            l.file_size >> 20
+        ),
+    }
 }
 
 fn config(c: &Common) -> Result<SandboxConfig> {

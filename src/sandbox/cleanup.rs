@@ -104,6 +104,8 @@ pub fn cleanup_all() {
     for e in entries {
         match e {
             Entry::Dir(p) => {
+                // A workspace may be its own tmpfs: detach it first (a no-op otherwise).
+                crate::sandbox::quota::unmount(&p);
                 let _ = std::fs::remove_dir_all(p);
             }
             Entry::Cgroup(p) => remove_cgroup(&p),

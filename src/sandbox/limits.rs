@@ -25,6 +25,31 @@ pub struct Limits {
     pub output_tail: usize,
     /// Total output bytes after which the run is killed.
     pub output_total: u64,
+    /// Total bytes a run's workspace may hold (repository copy, writes, `/tmp`): the size of
+    /// its own tmpfs, where one can be mounted.
+    #[serde(default = "default_workspace_bytes")]
+    pub workspace_bytes: u64,
+    /// Total files (inodes) a run's workspace may hold: its tmpfs's `nr_inodes`.
+    #[serde(default = "default_workspace_files")]
+    pub workspace_files: u64,
+}
+
+fn default_workspace_bytes() -> u64 {
+    2 << 30
+}
+
+fn default_workspace_files() -> u64 {
+    200_000
+}
+
+impl Limits {
+    /// The workspace storage bounds of these limits.
+    pub fn quota(&self) -> crate::sandbox::quota::Quota {
+        crate::sandbox::quota::Quota {
+            bytes: self.workspace_bytes,
+            files: self.workspace_files,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -38,6 +63,8 @@ impl Default for Limits {
             open_files: 1024,
             output_tail: 2 << 20,
             output_total: 64 << 20,
+            workspace_bytes: default_workspace_bytes(),
+            workspace_files: default_workspace_files(),
         }
     }
 }

@@ -12,7 +12,8 @@
 //! [`pool::run_all`] runs many instances on a bounded number of threads.
 //!
 //! Isolation layers (see `sorft sandbox check`): always a new session and process group,
-//! rlimits, per-run pids and memory cgroups where the host has them, a reduced environment,
+//! rlimits, per-run pids and memory cgroups where the host has them, a per-run bounded tmpfs
+//! holding the workspace ([`quota`], as root), a reduced environment,
 //! closed stdin, capped output and a wall-clock kill of the whole tree; as root a dedicated unprivileged uid per run ([`uid`]); where available new
 //! mount/PID/network/IPC/UTS namespaces (with a user namespace when not root), Landlock and a
 //! seccomp socket filter.
@@ -31,6 +32,7 @@ pub mod pool;
 pub mod predictions;
 pub mod process;
 pub mod python;
+pub mod quota;
 pub mod runner;
 pub mod testcmd;
 pub mod uid;

@@ -7,6 +7,7 @@ use crate::sandbox::isolation::Policy;
 use crate::sandbox::logparse::StatusMap;
 use crate::sandbox::process::{run_jailed, JailCommand, LimitHit, ProcessOutcome};
 use crate::sandbox::python::Interpreter;
+use crate::sandbox::quota::QuotaLayer;
 use crate::sandbox::testcmd::{pytest_config, CommandTable, BOOTSTRAP, END_MARKER};
 use crate::sandbox::workspace::{RepoSource, Workspace};
 use crate::sandbox::Limits;
@@ -141,6 +142,9 @@ pub struct RunResult {
     pub grade: Option<Grade>,
     /// Phase timings.
     pub timings: Timings,
+    /// How the run's workspace storage was bounded.
+    #[serde(default)]
+    pub quota: QuotaLayer,
 }
 
 impl RunResult {
@@ -153,6 +157,7 @@ impl RunResult {
             resolved: false,
             apply: None,
             integrity: IntegrityReport::default(),
+            quota: QuotaLayer::default(),
             error: None,
             command: vec![],
             process: None,
@@ -271,8 +276,13 @@ fn run_phases(
             return;
         }
     };
-    let ws = match Workspace::create_from(&cfg.work_dir, RepoSource::Snapshot(&snap)) {
-        Ok(w) => w,
+    let quota = cfg.limits.quota();
+    let ws = match Workspace::create_with(&cfg.work_dir, RepoSource::Snapshot(&snap), Some(&quota))
+    {
+        Ok(w) => {
+            r.quota = w.quota().clone();
+            w
+        }
         Err(e) => {
             r.error = Some(e.to_string());
             return;

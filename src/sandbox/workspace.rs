@@ -5,6 +5,8 @@
 use crate::sandbox::cleanup::{self, Tracked};
 use crate::sandbox::error::{Result, SandboxError};
 use crate::sandbox::isolation::JailPaths;
+use crate::sandbox::limits::Limits;
+use crate::sandbox::quota::{self, Quota, QuotaLayer};
 use crate::sandbox::uid::UidSlot;
 use crate::swe::repo::Snapshot;
 use std::fs;
@@ -42,6 +44,7 @@ pub struct Workspace {
     repo: PathBuf,
     tmp: PathBuf,
     slot: Option<UidSlot>,
+    quota: QuotaLayer,
     _tracked: Tracked,
 }
 
@@ -52,8 +55,19 @@ impl Workspace {
         Workspace::create_from(base, RepoSource::Dir(source))
     }
 
-    /// Creates a workspace under `base` holding `source`.
+    /// Creates a workspace under `base` holding `source`, bounded by the default limits' quota.
     pub fn create_from(base: &Path, source: RepoSource<'_>) -> Result<Workspace> {
+        Workspace::create_with(base, source, Some(&Limits::default().quota()))
+    }
+
+    /// Creates a workspace under `base` holding `source`. With a `quota`, the workspace is its
+    /// own tmpfs of that size and inode count where the host allows it (as root); otherwise it
+    /// is a plain directory and [`Workspace::quota`] says why.
+    pub fn create_with(
+        base: &Path,
+        source: RepoSource<'_>,
+        quota: Option<&Quota>,
+    ) -> Result<Workspace> {
         cleanup::install_signal_handlers();
         if cleanup::interrupted() {
             return Err(SandboxError::Interrupted);
@@ -83,13 +97,30 @@ impl Workspace {
             .mode(0o711)
             .create(&root)
             .map_err(|e| SandboxError::io(format!("creating {}", root.display()), e))?;
-        // From here on the directory is removed on drop.
-        let ws = Workspace {
+        // From here on the directory is removed (and its tmpfs detached) on drop.
+        let mut ws = Workspace {
             repo: root.join("repo"),
             tmp: root.join("tmp"),
             _tracked: cleanup::track_dir(root.clone()),
             root,
             slot,
+            quota: QuotaLayer::default(),
+        };
+        ws.quota = match quota {
+            None => QuotaLayer {
+                tmpfs: None,
+                missing: Some("no quota requested".into()),
+            },
+            Some(q) => match quota::mount(&ws.root, q) {
+                Ok(()) => QuotaLayer {
+                    tmpfs: Some(*q),
+                    missing: None,
+                },
+                Err(e) => QuotaLayer {
+                    tmpfs: None,
+                    missing: Some(e),
+                },
+            },
         };
         // The umask could make the root unreachable for the sandbox uid.
         set_mode(&ws.root, 0o711)?;
@@ -139,6 +170,11 @@ impl Workspace {
     /// The run's private temp directory.
     pub fn tmp(&self) -> &Path {
         &self.tmp
+    }
+
+    /// How the workspace's storage is bounded (its own tmpfs, or why not).
+    pub fn quota(&self) -> &QuotaLayer {
+        &self.quota
     }
 
     /// The workspace root (removed on drop).
@@ -192,6 +228,9 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
+        if self.quota.tmpfs.is_some() {
+            quota::unmount(&self.root);
+        }
         if fs::remove_dir_all(&self.root).is_err() {
             // A run may have removed permissions from its own directories.
             make_writable(&self.root);
