@@ -962,26 +962,23 @@ impl<B: Backend> RlTrainer<B> {
         reference: &std::path::Path,
         root: &std::path::Path,
     ) -> anyhow::Result<std::path::PathBuf> {
-        use crate::train::checkpoint::{self, host_tensors, safetensors_bytes, side_files};
+        use crate::train::checkpoint::{self, side_files, stream_tensors, CheckpointWriter};
         let be = &policy.backend;
-        let mut files = side_files(model_src)?;
-        files.push((
-            "model.safetensors".into(),
-            safetensors_bytes(&host_tensors(be, model_params(policy), "")?)?,
-        ));
-        files.push((
-            "optimizer.safetensors".into(),
-            safetensors_bytes(&self.opt.state_tensors(be)?)?,
-        ));
+        let mut w = CheckpointWriter::begin(root, self.step as u64)?;
+        for (f, bytes) in side_files(model_src)? {
+            w.add_bytes(&f, &bytes)?;
+        }
+        w.add_safetensors("model.safetensors", stream_tensors(be, model_params(policy), ""))?;
+        w.add_safetensors("optimizer.safetensors", self.opt.state_stream(be))?;
         let mut value_opt_step = 0;
-        if let (Some((w, b)), Some(vo)) = (&self.value_head, &self.value_opt) {
-            let mut t = vo.state_tensors(be)?;
-            t.extend(host_tensors(
+        if let (Some((vw, vb)), Some(vo)) = (&self.value_head, &self.value_opt) {
+            let mut t = vo.state_stream(be);
+            t.extend(stream_tensors(
                 be,
-                vec![("value.weight".into(), w), ("value.bias".into(), b)],
+                vec![("value.weight".into(), vw), ("value.bias".into(), vb)],
                 "",
-            )?);
-            files.push(("value.safetensors".into(), safetensors_bytes(&t)?));
+            ));
+            w.add_safetensors("value.safetensors", t)?;
             value_opt_step = vo.step;
         }
         let st = RlState {
@@ -992,11 +989,8 @@ impl<B: Backend> RlTrainer<B> {
             reference: reference_fingerprint(reference)?,
             config: self.cfg.clone(),
         };
-        files.push((
-            "rl_state.json".into(),
-            serde_json::to_string_pretty(&st)?.into_bytes(),
-        ));
-        let dir = checkpoint::save(root, self.step as u64, &files)?;
+        w.add_bytes("rl_state.json", serde_json::to_string_pretty(&st)?.as_bytes())?;
+        let dir = w.commit()?;
         checkpoint::prune(root, self.cfg.keep_last)?;
         Ok(dir)
     }
