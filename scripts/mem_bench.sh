@@ -9,7 +9,8 @@
 # Usage: scripts/mem_bench.sh SORFT_BINARY WORKDIR [LABEL]
 # WORKDIR/model is created with `SORFT_BINARY model init --preset qwen2.5-0.5b-shape` when absent
 # (a binary with that preset is needed for that; any binary can be measured on an existing one).
-# Needs ~18 GB free before the change, ~9 GB after; run it alone, nice'd.
+# Needs ~18 GB free memory before the change, ~9 GB after, and ~9 GB of disk; run it alone,
+# nice'd. The run directory (~5.6 GB) is left for inspection; delete it afterwards.
 set -euo pipefail
 BIN=$(realpath "$1")
 WORK=$(realpath -m "$2")
@@ -26,13 +27,21 @@ if [ ! -f data.jsonl ]; then
   done >data.jsonl
 fi
 RUN="run-$LABEL"
+avail=$(df -Pk . | awk 'NR==2 {print $4}')
+if [ "$avail" -lt $((9 * 1024 * 1024)) ]; then
+  echo "mem_bench: need 9 GB free disk in $WORK (one checkpoint and room), have $((avail / 1024 / 1024)) GB" >&2
+  exit 1
+fi
 rm -rf "$RUN" "$RUN.stop"
 trap 'touch "$RUN.stop"' EXIT
 stamp() { while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done; }
-watch_ckpt() { # $1: step dir name; prints "start end" epoch seconds of its write
+watch_ckpt() { # $1: step dir name; $2: a checkpoint to delete once $1's write begins (disk room)
   local s="" e=""
   while [ -z "$e" ] && [ ! -e "$RUN.stop" ]; do
-    if [ -z "$s" ] && compgen -G "$RUN/checkpoints/.$1.tmp*" >/dev/null; then s=$(date +%s.%N); fi
+    if [ -z "$s" ] && compgen -G "$RUN/checkpoints/.$1.tmp*" >/dev/null; then
+      s=$(date +%s.%N)
+      if [ -n "${2:-}" ]; then rm -rf "$RUN/checkpoints/$2"; fi
+    fi
     if [ -d "$RUN/checkpoints/$1" ]; then e=$(date +%s.%N); fi
     sleep 0.05
   done
@@ -52,8 +61,11 @@ watch_ckpt step-00000003 >"$RUN.ckpt1" &
 W=$!
 sft first
 wait $W
+find "$RUN/checkpoints/step-00000003" -type f -printf '%s\n' | awk '{s+=$1} END {print s}' >"$RUN.size1"
 MAXSTEPS=4
-watch_ckpt step-00000004 >"$RUN.ckpt2" &
+# The resumed run has read step 3 when it starts writing step 4: step 3 is deleted then, so the
+# benchmark needs room for one checkpoint (~5.6 GB) beside the model (~2 GB), not two.
+watch_ckpt step-00000004 step-00000003 >"$RUN.ckpt2" &
 W=$!
 sft resume --resume
 wait $W
@@ -75,7 +87,7 @@ def steps(log):
 s1, s2 = steps("first"), steps("resume")
 step_s = (s1[3] - s1[1]) / 2
 ck = [tuple(map(float, open(f"{run}.ckpt{i}").read().split())) for i in (1, 2)]
-size = lambda d: sum(os.path.getsize(p) for p in glob.glob(f"{run}/checkpoints/{d}/*"))
+size = lambda d: int(open(f"{run}.size1").read()) if d == "step-00000003" else sum(os.path.getsize(p) for p in glob.glob(f"{run}/checkpoints/{d}/*"))
 g1, w1 = rss("first"); g2, w2 = rss("resume")
 print(f"[{label}] first run (3 steps + checkpoint): peak RSS {g1:.2f} GiB, wall {w1:.1f} s, step {step_s:.1f} s")
 print(f"[{label}] checkpoint step 3: {size('step-00000003')/2**30:.3f} GiB on disk, write {ck[0][1]-ck[0][0]:.1f} s")

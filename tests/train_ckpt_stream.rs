@@ -4,7 +4,6 @@
 
 mod train_util;
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
@@ -69,11 +68,10 @@ fn streamed_checkpoint_files_equal_the_in_memory_writers_and_load_back_mapped() 
     let mut opt = AdamW::new(&Cpu, OptimConfig::default(), &model_params(&model)).unwrap();
     opt.load_state(&Cpu, &dir.join("optimizer.safetensors"))
         .unwrap();
-    assert!(opt.m.iter().any(|m| Cpu
-        .to_host_f32(m)
-        .unwrap()
+    assert!(opt
+        .m
         .iter()
-        .any(|&x| x != 0.0)));
+        .any(|m| Cpu.to_host_f32(m).unwrap().iter().any(|&x| x != 0.0)));
     let old = safetensors_bytes(&opt.state_tensors(&Cpu).unwrap()).unwrap();
     assert_eq!(
         old,
@@ -164,8 +162,11 @@ fn child_writes_and_hangs(root: &Path) {
         stream_tensors(&Cpu, model_params(&model), ""),
     )
     .unwrap();
-    w.add_bytes("config.json", &std::fs::read(root.join("base/config.json")).unwrap())
-        .unwrap();
+    w.add_bytes(
+        "config.json",
+        &std::fs::read(root.join("base/config.json")).unwrap(),
+    )
+    .unwrap();
     w.commit().unwrap();
     let mut w = CheckpointWriter::begin(&ck, 2).unwrap();
     let marker = root.join("midway");
@@ -222,7 +223,11 @@ fn sigkill_while_writing_a_checkpoint_leaves_the_previous_one_usable() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with(".step-00000002.tmp"))
         .collect();
-    assert_eq!(tmp.len(), 1, "the partial write is in its temporary directory");
+    assert_eq!(
+        tmp.len(),
+        1,
+        "the partial write is in its temporary directory"
+    );
     let steps: Vec<u64> = checkpoint::list(&ck).unwrap().iter().map(|s| s.0).collect();
     assert_eq!(steps, vec![1]);
     let (good, skipped) = checkpoint::latest_good(&ck, false).unwrap();
@@ -232,7 +237,11 @@ fn sigkill_while_writing_a_checkpoint_leaves_the_previous_one_usable() {
     let got = Model::load(&Cpu, &good).unwrap();
     let base = Model::load(&Cpu, &r.join("base")).unwrap();
     for ((n, a), (_, b)) in model_params(&got).into_iter().zip(model_params(&base)) {
-        assert_eq!(Cpu.to_host_f32(a).unwrap(), Cpu.to_host_f32(b).unwrap(), "{n}");
+        assert_eq!(
+            Cpu.to_host_f32(a).unwrap(),
+            Cpu.to_host_f32(b).unwrap(),
+            "{n}"
+        );
     }
     // The next save clears the leftover.
     checkpoint::save(&ck, 3, &[("x".into(), b"x".to_vec())]).unwrap();

@@ -49,10 +49,7 @@ impl<'a> StreamTensor<'a> {
             name,
             dtype: t.dtype,
             shape: t.shape.clone(),
-            write: Box::new(move |w| {
-                w.write_all(&t.bytes)
-                    .map_err(|e| ModelError::io("<safetensors stream>", e))
-            }),
+            write: Box::new(move |w| w.write_all(&t.bytes).map_err(|e| ModelError::io(STREAM, e))),
         }
     }
 
@@ -61,9 +58,27 @@ impl<'a> StreamTensor<'a> {
     }
 }
 
+/// The path stream errors carry until the file's writer names the file (see [`name_stream_error`]).
+pub const STREAM: &str = "<safetensors stream>";
+
+/// An error of writing a stream, with [`STREAM`] replaced by the file being written.
+pub fn name_stream_error(e: ModelError, path: &std::path::Path) -> ModelError {
+    match e {
+        ModelError::Io { path: p, source } if p.as_os_str() == STREAM => {
+            ModelError::io(path, source)
+        }
+        ModelError::Invalid {
+            path: p,
+            field,
+            msg,
+        } if p.as_os_str() == STREAM => ModelError::invalid(path, field, msg),
+        other => other,
+    }
+}
+
 /// Writes f32 values as little-endian bytes.
 pub fn write_f32_le(w: &mut dyn Write, v: &[f32]) -> Result<()> {
-    let io = |e| ModelError::io("<safetensors stream>", e);
+    let io = |e| ModelError::io(STREAM, e);
     if cfg!(target_endian = "little") {
         return w.write_all(bytemuck::cast_slice(v)).map_err(io);
     }
@@ -118,7 +133,7 @@ fn header(tensors: &mut [StreamTensor<'_>]) -> Result<(Vec<u8>, usize)> {
         ));
         offset += n;
     }
-    let bad = |e: String| ModelError::invalid("<safetensors stream>", "header", e);
+    let bad = |e: String| ModelError::invalid(STREAM, "header", e);
     let meta = Metadata::new(Some(file_metadata()), infos).map_err(|e| bad(e.to_string()))?;
     let mut json = serde_json::to_string(&meta)
         .map_err(|e| bad(e.to_string()))?
@@ -133,14 +148,14 @@ fn header(tensors: &mut [StreamTensor<'_>]) -> Result<(Vec<u8>, usize)> {
 /// written. Tensor names must be distinct.
 pub fn write_safetensors(w: &mut dyn Write, mut tensors: Vec<StreamTensor<'_>>) -> Result<u64> {
     let (head, data_len) = header(&mut tensors)?;
-    let io = |e| ModelError::io("<safetensors stream>", e);
+    let io = |e| ModelError::io(STREAM, e);
     w.write_all(&head).map_err(io)?;
     for t in &tensors {
         let mut c = Counting { inner: w, n: 0 };
         (t.write)(&mut c)?;
         if c.n != t.byte_len() {
             return Err(ModelError::invalid(
-                "<safetensors stream>",
+                STREAM,
                 &t.name,
                 format!("wrote {} bytes, its shape needs {}", c.n, t.byte_len()),
             ));
@@ -168,13 +183,23 @@ mod tests {
             bytes: vec![1, 2, 3, 4, 5, 6],
         };
         let mut want_map = std::collections::BTreeMap::new();
-        want_map.insert("z.a".to_string(), HostTensor::f32(&[2, 3], &be.to_host_f32(&a).unwrap()));
-        want_map.insert("b".to_string(), HostTensor::f32(&[5], &be.to_host_f32(&b).unwrap()));
+        want_map.insert(
+            "z.a".to_string(),
+            HostTensor::f32(&[2, 3], &be.to_host_f32(&a).unwrap()),
+        );
+        want_map.insert(
+            "b".to_string(),
+            HostTensor::f32(&[5], &be.to_host_f32(&b).unwrap()),
+        );
         want_map.insert("h".to_string(), h.clone());
         let mut views = Vec::new();
         for (n, t) in &want_map {
-            let v = safetensors::tensor::TensorView::new(dtype_to_st(t.dtype), t.shape.clone(), &t.bytes)
-                .unwrap();
+            let v = safetensors::tensor::TensorView::new(
+                dtype_to_st(t.dtype),
+                t.shape.clone(),
+                &t.bytes,
+            )
+            .unwrap();
             views.push((n.clone(), v));
         }
         let want = safetensors::serialize(views, Some(file_metadata())).unwrap();
@@ -190,6 +215,13 @@ mod tests {
         .unwrap();
         assert_eq!(got, want);
         assert_eq!(n as usize, want.len());
+    }
+
+    #[test]
+    fn stream_errors_name_the_file_being_written() {
+        let e = ModelError::io(STREAM, std::io::Error::other("disk full"));
+        let e = name_stream_error(e, std::path::Path::new("/x/model.safetensors"));
+        assert_eq!(e.to_string(), "/x/model.safetensors: disk full");
     }
 
     #[test]

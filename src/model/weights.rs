@@ -289,9 +289,11 @@ pub fn write_atomic_with(
     let res = (|| -> Result<()> {
         let f = File::create(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        body(&mut w)?;
+        body(&mut w).map_err(|e| crate::model::st_writer::name_stream_error(e, path))?;
         w.flush().map_err(|e| ModelError::io(&tmp, e))?;
-        let f = w.into_inner().map_err(|e| ModelError::io(&tmp, e.into_error()))?;
+        let f = w
+            .into_inner()
+            .map_err(|e| ModelError::io(&tmp, e.into_error()))?;
         f.sync_all().map_err(|e| ModelError::io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| ModelError::io(path, e))?;
         if let Ok(d) = File::open(dir) {

@@ -219,6 +219,8 @@ pub struct RlMetrics {
     pub time_reward: f64,
     /// Seconds spent in forward/backward/optimizer.
     pub time_train: f64,
+    /// Peak resident memory of the process so far, in MiB (0 where unknown).
+    pub peak_rss_mib: f64,
     /// Sequences in the update (after leaving out empty responses and uniform groups).
     pub trained_sequences: usize,
     /// Health features of the step (RFT-FM).
@@ -885,6 +887,7 @@ impl<B: Backend> RlTrainer<B> {
         m.value_loss = vl_sum / nmb_f;
         m.explained_variance = ev_sum / nmb_f;
         m.time_train = t2.elapsed().as_secs_f64();
+        m.peak_rss_mib = crate::train::memory::peak_rss_mib();
         Ok(m)
     }
 }
@@ -968,7 +971,10 @@ impl<B: Backend> RlTrainer<B> {
         for (f, bytes) in side_files(model_src)? {
             w.add_bytes(&f, &bytes)?;
         }
-        w.add_safetensors("model.safetensors", stream_tensors(be, model_params(policy), ""))?;
+        w.add_safetensors(
+            "model.safetensors",
+            stream_tensors(be, model_params(policy), ""),
+        )?;
         w.add_safetensors("optimizer.safetensors", self.opt.state_stream(be))?;
         let mut value_opt_step = 0;
         if let (Some((vw, vb)), Some(vo)) = (&self.value_head, &self.value_opt) {
@@ -989,7 +995,10 @@ impl<B: Backend> RlTrainer<B> {
             reference: reference_fingerprint(reference)?,
             config: self.cfg.clone(),
         };
-        w.add_bytes("rl_state.json", serde_json::to_string_pretty(&st)?.as_bytes())?;
+        w.add_bytes(
+            "rl_state.json",
+            serde_json::to_string_pretty(&st)?.as_bytes(),
+        )?;
         let dir = w.commit()?;
         checkpoint::prune(root, self.cfg.keep_last)?;
         Ok(dir)
@@ -1065,16 +1074,13 @@ pub fn export_policy<B: Backend>(
     src_dir: &std::path::Path,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use crate::model::weights::{save_safetensors, HostTensor};
+    use crate::model::st_writer::write_safetensors;
+    use crate::model::weights::write_atomic_with;
     std::fs::create_dir_all(out)?;
-    let mut tensors = std::collections::BTreeMap::new();
-    for (name, t) in model_params(policy) {
-        tensors.insert(
-            name,
-            HostTensor::f32(t.shape(), &policy.backend.to_host_f32(t)?),
-        );
-    }
-    save_safetensors(&out.join("model.safetensors"), &tensors)?;
+    let views = crate::train::checkpoint::stream_tensors(&policy.backend, model_params(policy), "");
+    write_atomic_with(&out.join("model.safetensors"), |w| {
+        write_safetensors(w, views).map(|_| ())
+    })?;
     for f in [
         "config.json",
         "generation_config.json",

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::engine::cpu::bytes_to_f32;
 use crate::engine::rng::mix64;
 use crate::engine::{Backend, DType, Tensor};
-use crate::model::st_writer::{write_safetensors, StreamTensor};
+use crate::model::st_writer::{name_stream_error, write_safetensors, StreamTensor};
 use crate::model::weights::{write_atomic, HostTensor, WeightFiles};
 use crate::train::error::{Result, TrainError};
 
@@ -235,7 +235,11 @@ impl CheckpointWriter {
     /// Starts the checkpoint of `step` under `root`.
     pub fn begin(root: &Path, step: u64) -> Result<Self> {
         io(root, std::fs::create_dir_all(root))?;
-        let tmp = root.join(format!(".{}.tmp{}", step_dir_name(step), std::process::id()));
+        let tmp = root.join(format!(
+            ".{}.tmp{}",
+            step_dir_name(step),
+            std::process::id()
+        ));
         if tmp.exists() {
             io(&tmp, std::fs::remove_dir_all(&tmp))?;
         }
@@ -272,7 +276,10 @@ impl CheckpointWriter {
             inner: BufWriter::with_capacity(1 << 20, f),
             sum: Checksum64::default(),
         };
-        body(&mut w)?;
+        body(&mut w).map_err(|e| match e {
+            TrainError::Model(m) => TrainError::Model(name_stream_error(m, &path)),
+            other => other,
+        })?;
         io(&path, w.flush())?;
         let sum = w.sum;
         let f = w

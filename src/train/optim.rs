@@ -6,8 +6,8 @@ use std::path::Path;
 
 use crate::engine::backend::AdamWParams;
 use crate::engine::{Backend, DType, Tensor};
-use crate::model::weights::HostTensor;
 use crate::model::st_writer::StreamTensor;
+use crate::model::weights::HostTensor;
 use crate::model::weights::WeightFiles;
 use crate::train::checkpoint::load_owned;
 use crate::train::error::{Result, TrainError};

@@ -14,12 +14,12 @@ use serde_json::json;
 use crate::engine::Backend;
 use crate::model::chat::{encode, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
+use crate::model::st_writer::write_safetensors;
 use crate::model::transformer::Model;
 use crate::model::weights::write_atomic;
+use crate::model::weights::write_atomic_with;
 use crate::model::Tokenizer;
 use crate::train::backward::backward;
-use crate::model::st_writer::write_safetensors;
-use crate::model::weights::write_atomic_with;
 use crate::train::checkpoint::{self, side_files, stream_tensors, CheckpointWriter};
 use crate::train::data::{
     encode_examples, epoch_batches, read_chat_jsonl, split_held_out, ChatExample,
@@ -27,8 +27,8 @@ use crate::train::data::{
 use crate::train::error::{Result, TrainError};
 use crate::train::forward::{forward, Batch, ForwardOptions, Sequence};
 use crate::train::lora::{Lora, LoraConfig, LoraTarget};
-use crate::train::memory::{self, StepMemory};
 use crate::train::loss::cross_entropy;
+use crate::train::memory::{self, StepMemory};
 use crate::train::optim::{AdamW, OptimConfig};
 use crate::train::params::{model_params, model_params_mut, Grads};
 
@@ -389,13 +389,18 @@ impl<B: Backend> Run<B> {
     }
 }
 
-/// A model whose every weight is trained: mapped weights become owned memory and their pages are
-/// released, so that the map and the trained copy are not both resident.
-fn owned_model<B: Backend>(mut m: Model<B>) -> Result<Model<B>> {
+/// Makes every weight of a model that is trained in place owned memory, releasing the pages of
+/// mapped ones, so that the map and the trained copy are not both resident.
+pub fn own_weights<B: Backend>(m: &mut Model<B>) -> Result<()> {
     let be = m.backend.clone();
-    for (_, t) in model_params_mut(&mut m) {
+    for (_, t) in model_params_mut(m) {
         be.own_weight(t)?;
     }
+    Ok(())
+}
+
+fn owned_model<B: Backend>(mut m: Model<B>) -> Result<Model<B>> {
+    own_weights(&mut m)?;
     Ok(m)
 }
 
@@ -632,9 +637,19 @@ pub fn run_sft<B: Backend>(
     let mut grads = Grads::new(&run.model, run.lora.as_ref())?;
     let state_mem = StepMemory {
         weights: memory::tensor_bytes(&model_params(&run.model)),
-        adapters: run.lora.as_ref().map_or(0, |l| memory::tensor_bytes(&l.params())),
+        adapters: run
+            .lora
+            .as_ref()
+            .map_or(0, |l| memory::tensor_bytes(&l.params())),
         grads: memory::tensor_bytes(&grads.named()),
-        moments: memory::tensor_bytes(&run.opt.names.iter().cloned().zip(run.opt.m.iter()).collect::<Vec<_>>()) * 2,
+        moments: memory::tensor_bytes(
+            &run.opt
+                .names
+                .iter()
+                .cloned()
+                .zip(run.opt.m.iter())
+                .collect::<Vec<_>>(),
+        ) * 2,
         ..StepMemory::default()
     };
     let fopts = ForwardOptions {

@@ -203,7 +203,8 @@ impl Backend for Cpu {
         f32s_mut(t, "own_weight")?;
         // SAFETY: the map is a read-only shared mapping of a file; dropping its pages only makes a
         // later read fault them in again from the file with the same contents.
-        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
         Ok(())
     }
 
