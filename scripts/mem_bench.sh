@@ -61,7 +61,7 @@ watch_ckpt step-00000003 >"$RUN.ckpt1" &
 W=$!
 sft first
 wait $W
-find "$RUN/checkpoints/step-00000003" -type f -printf '%s\n' | awk '{s+=$1} END {print s}' >"$RUN.size1"
+find "$RUN/checkpoints/step-00000003" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%d\n", s}' >"$RUN.size1"
 MAXSTEPS=4
 # The resumed run has read step 3 when it starts writing step 4: step 3 is deleted then, so the
 # benchmark needs room for one checkpoint (~5.6 GB) beside the model (~2 GB), not two.
@@ -87,7 +87,7 @@ def steps(log):
 s1, s2 = steps("first"), steps("resume")
 step_s = (s1[3] - s1[1]) / 2
 ck = [tuple(map(float, open(f"{run}.ckpt{i}").read().split())) for i in (1, 2)]
-size = lambda d: int(open(f"{run}.size1").read()) if d == "step-00000003" else sum(os.path.getsize(p) for p in glob.glob(f"{run}/checkpoints/{d}/*"))
+size = lambda d: int(float(open(f"{run}.size1").read())) if d == "step-00000003" else sum(os.path.getsize(p) for p in glob.glob(f"{run}/checkpoints/{d}/*"))
 g1, w1 = rss("first"); g2, w2 = rss("resume")
 print(f"[{label}] first run (3 steps + checkpoint): peak RSS {g1:.2f} GiB, wall {w1:.1f} s, step {step_s:.1f} s")
 print(f"[{label}] checkpoint step 3: {size('step-00000003')/2**30:.3f} GiB on disk, write {ck[0][1]-ck[0][0]:.1f} s")
