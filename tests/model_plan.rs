@@ -86,6 +86,44 @@ fn the_7b_plan_matches_the_hand_computed_budget() {
     assert!(!f.fits());
 }
 
+fn cpu_bytes(p: &Plan, name: &str) -> u64 {
+    p.components
+        .iter()
+        .find(|c| c.name.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name}"))
+        .cpu_bytes
+}
+
+#[test]
+fn the_cpu_column_is_host_memory_of_the_step_on_the_cpu_backend() {
+    let c = config();
+    let p = 7_615_616_512u64;
+    // Full fine-tuning on the CPU: f32 weights trained in place (no master copy), fp32 grads and
+    // two moments, the reference mapped once.
+    let f = Plan::new(&c, &input(0, true));
+    assert_eq!(cpu_bytes(&f, "weights"), p * 4);
+    assert_eq!(cpu_bytes(&f, "reference"), p * 4);
+    assert_eq!(cpu_bytes(&f, "master"), p * 12);
+    assert_eq!(
+        cpu_bytes(&f, "workspace"),
+        32_768 * (2 * 18_944 + 3_584) * 4
+    );
+    // Activations in f32: twice the bf16 ones apart from the fp32 log-sum-exps.
+    assert_eq!(
+        cpu_bytes(&f, "activations (recompute)"),
+        32_768 * (28 * 7_168 * 2 + (158_832 - 28 * 4) * 2 + 28 * 4 + 14_336 * 2)
+    );
+    let resident = p * 20 + cpu_bytes(&f, "workspace");
+    let update = cpu_bytes(&f, "activations (recompute)") + 256 * 152_064 * 8;
+    let rollout = 32_768 * 28 * 2 * 512 * 4 + 8 * 152_064 * 4;
+    assert_eq!(f.cpu_peak, resident + update.max(rollout));
+    // LoRA: the reference is the base weights with adapters off, no copy.
+    let l = Plan::new(&c, &input(64, true));
+    assert_eq!(cpu_bytes(&l, "reference"), 0);
+    assert_eq!(cpu_bytes(&l, "LoRA"), 2_583_691_264);
+    assert!(l.table().contains("CPU GiB"));
+}
+
 #[test]
 fn sorft_plan_prints_the_table_and_fails_when_it_does_not_fit() {
     let run = |extra: &[&str]| {

@@ -129,6 +129,17 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     ) -> Result<Tensor<Self>>;
     /// Copies a floating-point tensor to the host as f32.
     fn to_host_f32(&self, t: &Tensor<Self>) -> Result<Vec<f32>>;
+    /// The values of a floating-point tensor as f32 on the host: borrowed where the backend keeps
+    /// them there (no copy, e.g. for streaming a checkpoint), otherwise copied.
+    fn host_f32<'a>(&self, t: &'a Tensor<Self>) -> Result<std::borrow::Cow<'a, [f32]>> {
+        Ok(std::borrow::Cow::Owned(self.to_host_f32(t)?))
+    }
+    /// Makes a weight used in place from a memory map owned memory and releases its mapped pages,
+    /// so that a trained weight is not resident twice (map and copy); a no-op where weights are
+    /// owned already.
+    fn own_weight(&self, _t: &mut Tensor<Self>) -> Result<()> {
+        Ok(())
+    }
     /// Copies an index tensor to the host.
     fn to_host_u32(&self, t: &Tensor<Self>) -> Result<Vec<u32>>;
     /// A deep copy.

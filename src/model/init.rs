@@ -31,6 +31,11 @@ pub enum Preset {
     Tiny,
     /// The embedded default that `sorft repro` trains: a few million parameters.
     Small,
+    /// Qwen2.5-0.5B's shape (494M parameters, vocabulary 151936) with random weights and the
+    /// embedded tokenizer: for memory and speed measurements at a real size, not for training.
+    #[value(name = "qwen2.5-0.5b-shape")]
+    #[serde(rename = "qwen2.5-0.5b-shape")]
+    Qwen05bShape,
 }
 
 /// Shape of a preset.
@@ -74,6 +79,23 @@ impl Preset {
                 vocab: 4096,
                 max_positions: 4096,
             },
+            Preset::Qwen05bShape => PresetSpec {
+                hidden: 896,
+                layers: 24,
+                heads: 14,
+                kv_heads: 2,
+                intermediate: 4864,
+                vocab: 4096,
+                max_positions: 32768,
+            },
+        }
+    }
+
+    /// The model's vocabulary when it is fixed by the shape rather than by the tokenizer.
+    pub fn model_vocab(self) -> Option<usize> {
+        match self {
+            Preset::Qwen05bShape => Some(151_936),
+            Preset::Tiny | Preset::Small => None,
         }
     }
 }
@@ -196,7 +218,9 @@ pub fn init_model(preset: Preset, out: &Path, seed: u64, corpus: &[String]) -> R
     let tok = train_tokenizer(corpus, spec.vocab)?;
     let wrapped = crate::model::Tokenizer::from_inner(tok.clone(), out.join("tokenizer.json"));
     let tokenizer_vocab = wrapped.vocab_size();
-    let vocab = tokenizer_vocab.div_ceil(64) * 64;
+    let vocab = preset
+        .model_vocab()
+        .unwrap_or(tokenizer_vocab.div_ceil(64) * 64);
     let eos: Vec<u32> = [IM_END, END_OF_TEXT]
         .iter()
         .filter_map(|t| wrapped.token_id(t))

@@ -47,8 +47,11 @@ pub struct PlanInput {
 pub struct Component {
     /// What it is.
     pub name: &'static str,
-    /// Bytes it needs.
+    /// Bytes it needs on the GPU.
     pub bytes: u64,
+    /// Bytes it needs in host memory when the step runs on the CPU backend (f32; for full
+    /// fine-tuning the trained weights are their own master copy).
+    pub cpu_bytes: u64,
     /// Whether it is part of the peak (the activation line not chosen is shown, not counted).
     pub counted: bool,
 }
@@ -66,6 +69,8 @@ pub struct Plan {
     pub update: u64,
     /// `resident + max(rollout, update)`.
     pub peak: u64,
+    /// The same peak in host memory when the step runs on the CPU backend.
+    pub cpu_peak: u64,
     /// GPU memory minus [`RESERVE_BYTES`].
     pub usable: u64,
 }
@@ -96,75 +101,127 @@ pub fn saved_per_token_layer(c: &ModelConfig) -> u64 {
     (4 * d + 2 * q + 2 * kv + 3 * i) as u64
 }
 
-impl Plan {
-    /// The plan of `input` for model `c`.
-    pub fn new(c: &ModelConfig, input: &PlanInput) -> Self {
-        let b = input.dtype_bytes as u64;
-        let p = c.num_params() as u64;
-        let (l, d, v) = (
-            c.num_layers as u64,
-            c.hidden_size as u64,
-            c.vocab_size as u64,
-        );
-        let kv = (c.num_kv_heads * c.head_dim) as u64;
-        let heads = c.num_heads as u64;
-        let lora = input.lora_rank > 0;
-        let trainable = if lora {
-            lora_params(c, input.lora_rank)
-        } else {
-            p
-        };
-        let train_tokens = (input.seq * input.train_seqs) as u64;
-        // Per token: every layer's saved values plus its fp32 log-sum-exp per head, and the
-        // final norm's input and output.
-        let full_layer_token = saved_per_token_layer(c) * b + heads * 4;
-        let act_full = train_tokens * (l * full_layer_token + 2 * d * b);
-        let act_recompute = train_tokens * (l * d * b + full_layer_token + 2 * d * b);
-        let kv_cache = (input.seq * input.rollout_seqs) as u64 * l * 2 * kv * b;
-        let sampler_logits = input.rollout_seqs as u64 * v * 4;
-        let loss_chunks = input.chunk_rows.min(input.seq * input.train_seqs) as u64 * v * 4 * 2;
-        // One layer's backward temporaries: the MLP's gate/up gradients and the block-input
-        // gradient, for every training token.
-        let workspace =
-            train_tokens * (2 * c.intermediate_size as u64 + d) * b + CUBLAS_WORKSPACE_BYTES;
-        let comp = |name, bytes, counted| Component {
-            name,
-            bytes,
-            counted,
-        };
-        let components = vec![
-            comp("weights", p * b, true),
-            comp("reference", if lora { 0 } else { p * b }, true),
-            comp(
-                if lora {
-                    "LoRA + grads + moments (fp32)"
-                } else {
-                    "master weights + grads + moments (fp32)"
-                },
-                trainable * 16,
-                true,
-            ),
-            comp("activations (no recompute)", act_full, !input.recompute),
-            comp("activations (recompute)", act_recompute, input.recompute),
-            comp("KV cache (rollout)", kv_cache, true),
-            comp("sampler logits (rollout)", sampler_logits, true),
-            comp("logits chunks (loss)", loss_chunks, true),
-            comp("workspace", workspace, true),
-        ];
-        let resident = p * b + components[1].bytes + trainable * 16 + workspace;
-        let rollout = kv_cache + sampler_logits;
-        let update = if input.recompute {
+/// One side's budget: the components' bytes, resident state, rollout and update phases.
+struct Budget {
+    bytes: Vec<u64>,
+    resident: u64,
+    rollout: u64,
+    update: u64,
+}
+
+/// Where the step runs: on a GPU (compute dtype as asked, fp32 master weights beside the
+/// weights for full fine-tuning), or on the CPU (f32 throughout; the trained weights are their own
+/// master copy, the reference is the mapped base file).
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Gpu,
+    Cpu,
+}
+
+fn budget(c: &ModelConfig, input: &PlanInput, side: Side) -> Budget {
+    let b = match side {
+        Side::Gpu => input.dtype_bytes as u64,
+        Side::Cpu => 4,
+    };
+    let p = c.num_params() as u64;
+    let (l, d, v) = (
+        c.num_layers as u64,
+        c.hidden_size as u64,
+        c.vocab_size as u64,
+    );
+    let kv = (c.num_kv_heads * c.head_dim) as u64;
+    let heads = c.num_heads as u64;
+    let lora = input.lora_rank > 0;
+    let trainable = if lora {
+        lora_params(c, input.lora_rank) * 16
+    } else if side == Side::Cpu {
+        p * 12
+    } else {
+        p * 16
+    };
+    let train_tokens = (input.seq * input.train_seqs) as u64;
+    // Per token: every layer's saved values plus its fp32 log-sum-exp per head, and the
+    // final norm's input and output.
+    let full_layer_token = saved_per_token_layer(c) * b + heads * 4;
+    let act_full = train_tokens * (l * full_layer_token + 2 * d * b);
+    let act_recompute = train_tokens * (l * d * b + full_layer_token + 2 * d * b);
+    let kv_cache = (input.seq * input.rollout_seqs) as u64 * l * 2 * kv * b;
+    let sampler_logits = input.rollout_seqs as u64 * v * 4;
+    let loss_chunks = input.chunk_rows.min(input.seq * input.train_seqs) as u64 * v * 4 * 2;
+    // One layer's backward temporaries: the MLP's gate/up gradients and the block-input
+    // gradient, for every training token.
+    let cublas = if side == Side::Gpu {
+        CUBLAS_WORKSPACE_BYTES
+    } else {
+        0
+    };
+    let workspace = train_tokens * (2 * c.intermediate_size as u64 + d) * b + cublas;
+    let reference = if lora { 0 } else { p * b };
+    Budget {
+        bytes: vec![
+            p * b,
+            reference,
+            trainable,
+            act_full,
+            act_recompute,
+            kv_cache,
+            sampler_logits,
+            loss_chunks,
+            workspace,
+        ],
+        resident: p * b + reference + trainable + workspace,
+        rollout: kv_cache + sampler_logits,
+        update: if input.recompute {
             act_recompute
         } else {
             act_full
-        } + loss_chunks;
-        let peak = resident + rollout.max(update);
+        } + loss_chunks,
+    }
+}
+
+impl Plan {
+    /// The plan of `input` for model `c`: on the GPU, and (the CPU column) in host memory when
+    /// the same step runs on the CPU backend.
+    pub fn new(c: &ModelConfig, input: &PlanInput) -> Self {
+        let lora = input.lora_rank > 0;
+        let gpu = budget(c, input, Side::Gpu);
+        let cpu = budget(c, input, Side::Cpu);
+        let names: [&'static str; 9] = [
+            "weights",
+            "reference",
+            if lora {
+                "LoRA + grads + moments (fp32)"
+            } else {
+                "master weights + grads + moments (fp32)"
+            },
+            "activations (no recompute)",
+            "activations (recompute)",
+            "KV cache (rollout)",
+            "sampler logits (rollout)",
+            "logits chunks (loss)",
+            "workspace",
+        ];
+        let components = names
+            .iter()
+            .enumerate()
+            .map(|(i, &name)| Component {
+                name,
+                bytes: gpu.bytes[i],
+                cpu_bytes: cpu.bytes[i],
+                counted: match i {
+                    3 => !input.recompute,
+                    4 => input.recompute,
+                    _ => true,
+                },
+            })
+            .collect();
         Self {
             components,
-            resident,
-            rollout,
-            update,
-            peak,
+            resident: gpu.resident,
+            rollout: gpu.rollout,
+            update: gpu.update,
+            peak: gpu.resident + gpu.rollout.max(gpu.update),
+            cpu_peak: cpu.resident + cpu.rollout.max(cpu.update),
             usable: input.gpu_bytes.saturating_sub(RESERVE_BYTES),
         }
     }
@@ -174,20 +231,22 @@ impl Plan {
         self.peak <= self.usable
     }
 
-    /// The plan as a text table (GiB), with the verdict on the last line.
+    /// The plan as a text table (GiB: GPU, and host memory on the CPU backend), with the verdict
+    /// on the last line.
     pub fn table(&self) -> String {
         let g = |b: u64| b as f64 / GIB;
-        let mut s = format!("{:<52} {:>10}\n", "component", "GiB");
+        let mut s = format!("{:<52} {:>10} {:>10}\n", "component", "GiB", "CPU GiB");
         for c in &self.components {
             s.push_str(&format!(
-                "{:<52} {:>10.2}{}\n",
+                "{:<52} {:>10.2} {:>10.2}{}\n",
                 c.name,
                 g(c.bytes),
+                g(c.cpu_bytes),
                 if c.counted { "" } else { "  (not counted)" }
             ));
         }
         s.push_str(&format!(
-            "{:<52} {:>10.2}\n{:<52} {:>10.2}\n{:<52} {:>10.2}\n{:<52} {:>10.2}\n",
+            "{:<52} {:>10.2}\n{:<52} {:>10.2}\n{:<52} {:>10.2}\n{:<52} {:>10.2} {:>10.2}\n",
             "resident (weights, reference, trainable, workspace)",
             g(self.resident),
             "rollout phase",
@@ -195,7 +254,8 @@ impl Plan {
             "update phase",
             g(self.update),
             "peak",
-            g(self.peak)
+            g(self.peak),
+            g(self.cpu_peak)
         ));
         s.push_str(&format!(
             "{}: peak {:.2} GiB of {:.2} GiB usable\n",

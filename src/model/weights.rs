@@ -7,12 +7,13 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 use serde_json::Value;
 
 use crate::engine::backend::MappedBytes;
 use crate::engine::{Backend, DType, Tensor};
 use crate::model::error::{ModelError, Result};
+use crate::model::st_writer::{write_safetensors, StreamTensor};
 
 /// Where one tensor lives.
 #[derive(Clone, Debug)]
@@ -55,7 +56,8 @@ fn dtype_from_st(d: StDtype) -> Option<DType> {
     }
 }
 
-fn dtype_to_st(d: DType) -> StDtype {
+/// The safetensors dtype of a dtype.
+pub(crate) fn dtype_to_st(d: DType) -> StDtype {
     match d {
         DType::F32 => StDtype::F32,
         DType::BF16 => StDtype::BF16,
@@ -80,12 +82,7 @@ impl WeightFiles {
         if index.exists() {
             Self::open_sharded(dir, &index)
         } else if single.exists() {
-            let mut w = Self {
-                shards: Vec::new(),
-                tensors: BTreeMap::new(),
-            };
-            w.add_shard(&single, None)?;
-            Ok(w)
+            Self::open_file(&single)
         } else {
             Err(ModelError::invalid(
                 dir,
@@ -93,6 +90,16 @@ impl WeightFiles {
                 "no model.safetensors or model.safetensors.index.json",
             ))
         }
+    }
+
+    /// Maps one safetensors file (a checkpoint's optimizer state or adapter, for instance).
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let mut w = Self {
+            shards: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        w.add_shard(path, None)?;
+        Ok(w)
     }
 
     fn open_sharded(dir: &Path, index: &Path) -> Result<Self> {
@@ -253,19 +260,51 @@ impl HostTensor {
     }
 }
 
-/// Writes tensors to a safetensors file atomically (temporary file, fsync, rename).
+/// Writes tensors to a safetensors file atomically (temporary file, fsync, rename), one tensor at
+/// a time (no second copy of the whole file in memory).
 pub fn save_safetensors(path: &Path, tensors: &BTreeMap<String, HostTensor>) -> Result<()> {
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let v = TensorView::new(dtype_to_st(t.dtype), t.shape.clone(), &t.bytes)
-            .map_err(|e| ModelError::invalid(path, name, e.to_string()))?;
-        views.push((name.clone(), v));
+    let views = tensors
+        .iter()
+        .map(|(n, t)| StreamTensor::from_host(n.clone(), t))
+        .collect();
+    write_atomic_with(path, |w| write_safetensors(w, views).map(|_| ()))
+}
+
+/// Writes a file atomically from a writer callback: a temporary file beside it (buffered), fsync,
+/// rename, fsync of the directory. The temporary file is removed on failure.
+pub fn write_atomic_with(
+    path: &Path,
+    body: impl FnOnce(&mut dyn std::io::Write) -> Result<()>,
+) -> Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into());
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let res = (|| -> Result<()> {
+        let f = File::create(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        body(&mut w).map_err(|e| crate::model::st_writer::name_stream_error(e, path))?;
+        w.flush().map_err(|e| ModelError::io(&tmp, e))?;
+        let f = w
+            .into_inner()
+            .map_err(|e| ModelError::io(&tmp, e.into_error()))?;
+        f.sync_all().map_err(|e| ModelError::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| ModelError::io(path, e))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    let mut meta = HashMap::new();
-    meta.insert("format".to_string(), "pt".to_string());
-    let bytes = safetensors::serialize(views, Some(meta))
-        .map_err(|e| ModelError::invalid(path, "serialize", e.to_string()))?;
-    write_atomic(path, &bytes)
+    res
 }
 
 /// Writes a file atomically: a temporary file beside it, fsync, rename, fsync of the directory.

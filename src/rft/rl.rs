@@ -219,6 +219,8 @@ pub struct RlMetrics {
     pub time_reward: f64,
     /// Seconds spent in forward/backward/optimizer.
     pub time_train: f64,
+    /// Peak resident memory of the process so far, in MiB (0 where unknown).
+    pub peak_rss_mib: f64,
     /// Sequences in the update (after leaving out empty responses and uniform groups).
     pub trained_sequences: usize,
     /// Health features of the step (RFT-FM).
@@ -885,6 +887,7 @@ impl<B: Backend> RlTrainer<B> {
         m.value_loss = vl_sum / nmb_f;
         m.explained_variance = ev_sum / nmb_f;
         m.time_train = t2.elapsed().as_secs_f64();
+        m.peak_rss_mib = crate::train::memory::peak_rss_mib();
         Ok(m)
     }
 }
@@ -962,26 +965,26 @@ impl<B: Backend> RlTrainer<B> {
         reference: &std::path::Path,
         root: &std::path::Path,
     ) -> anyhow::Result<std::path::PathBuf> {
-        use crate::train::checkpoint::{self, host_tensors, safetensors_bytes, side_files};
+        use crate::train::checkpoint::{self, side_files, stream_tensors, CheckpointWriter};
         let be = &policy.backend;
-        let mut files = side_files(model_src)?;
-        files.push((
-            "model.safetensors".into(),
-            safetensors_bytes(&host_tensors(be, model_params(policy), "")?)?,
-        ));
-        files.push((
-            "optimizer.safetensors".into(),
-            safetensors_bytes(&self.opt.state_tensors(be)?)?,
-        ));
+        let mut w = CheckpointWriter::begin(root, self.step as u64)?;
+        for (f, bytes) in side_files(model_src)? {
+            w.add_bytes(&f, &bytes)?;
+        }
+        w.add_safetensors(
+            "model.safetensors",
+            stream_tensors(be, model_params(policy), ""),
+        )?;
+        w.add_safetensors("optimizer.safetensors", self.opt.state_stream(be))?;
         let mut value_opt_step = 0;
-        if let (Some((w, b)), Some(vo)) = (&self.value_head, &self.value_opt) {
-            let mut t = vo.state_tensors(be)?;
-            t.extend(host_tensors(
+        if let (Some((vw, vb)), Some(vo)) = (&self.value_head, &self.value_opt) {
+            let mut t = vo.state_stream(be);
+            t.extend(stream_tensors(
                 be,
-                vec![("value.weight".into(), w), ("value.bias".into(), b)],
+                vec![("value.weight".into(), vw), ("value.bias".into(), vb)],
                 "",
-            )?);
-            files.push(("value.safetensors".into(), safetensors_bytes(&t)?));
+            ));
+            w.add_safetensors("value.safetensors", t)?;
             value_opt_step = vo.step;
         }
         let st = RlState {
@@ -992,11 +995,11 @@ impl<B: Backend> RlTrainer<B> {
             reference: reference_fingerprint(reference)?,
             config: self.cfg.clone(),
         };
-        files.push((
-            "rl_state.json".into(),
-            serde_json::to_string_pretty(&st)?.into_bytes(),
-        ));
-        let dir = checkpoint::save(root, self.step as u64, &files)?;
+        w.add_bytes(
+            "rl_state.json",
+            serde_json::to_string_pretty(&st)?.as_bytes(),
+        )?;
+        let dir = w.commit()?;
         checkpoint::prune(root, self.cfg.keep_last)?;
         Ok(dir)
     }
@@ -1071,16 +1074,13 @@ pub fn export_policy<B: Backend>(
     src_dir: &std::path::Path,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use crate::model::weights::{save_safetensors, HostTensor};
+    use crate::model::st_writer::write_safetensors;
+    use crate::model::weights::write_atomic_with;
     std::fs::create_dir_all(out)?;
-    let mut tensors = std::collections::BTreeMap::new();
-    for (name, t) in model_params(policy) {
-        tensors.insert(
-            name,
-            HostTensor::f32(t.shape(), &policy.backend.to_host_f32(t)?),
-        );
-    }
-    save_safetensors(&out.join("model.safetensors"), &tensors)?;
+    let views = crate::train::checkpoint::stream_tensors(&policy.backend, model_params(policy), "");
+    write_atomic_with(&out.join("model.safetensors"), |w| {
+        write_safetensors(w, views).map(|_| ())
+    })?;
     for f in [
         "config.json",
         "generation_config.json",

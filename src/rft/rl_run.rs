@@ -72,6 +72,9 @@ pub fn run_rl<B: Backend>(
     let metrics_path = run.out.join("metrics.jsonl");
     let (mut policy, tok) = load_dir(be, &run.model)?;
     let tok = tok.with_context(|| format!("{}: no tokenizer.json", run.model.display()))?;
+    // The policy is trained in place: its weights become owned memory (their map's pages
+    // released); the reference stays a read-only map of the same file.
+    crate::train::sft::own_weights(&mut policy)?;
     let (reference, _) = load_dir(be, &run.model)?;
     let mut trainer = RlTrainer::new(&policy, &tok, items, cfg.clone())?;
     let existing = checkpoint::list(&root)?;
@@ -79,6 +82,7 @@ pub fn run_rl<B: Backend>(
     if run.resume {
         if let (Some(dir), _) = checkpoint::latest_good(&root, false)? {
             policy = trainer.resume(&dir, &run.model, be)?;
+            crate::train::sft::own_weights(&mut policy)?;
             history = read_metrics(&metrics_path, trainer.step);
         }
     } else if !existing.is_empty() {

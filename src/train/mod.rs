@@ -11,6 +11,7 @@ pub mod error;
 pub mod forward;
 pub mod lora;
 pub mod loss;
+pub mod memory;
 pub mod optim;
 pub mod params;
 pub mod restrict;

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::engine::backend::AdamWParams;
-use crate::engine::{Backend, DType, HostData, Tensor};
+use crate::engine::{Backend, DType, Tensor};
+use crate::model::st_writer::StreamTensor;
 use crate::model::weights::HostTensor;
-use crate::train::checkpoint::read_f32_tensors;
+use crate::model::weights::WeightFiles;
+use crate::train::checkpoint::load_owned;
 use crate::train::error::{Result, TrainError};
 use crate::train::params::Grads;
 
@@ -198,24 +200,27 @@ impl<B: Backend> AdamW<B> {
         Ok(out)
     }
 
-    /// Loads the moments written by [`AdamW::state_tensors`] from a safetensors file; a missing
-    /// tensor or a wrong shape is an error naming the file and the tensor.
+    /// The moments as streamed safetensors entries named as in [`AdamW::state_tensors`] (no host
+    /// copy of the whole state; a checkpoint writes them one at a time).
+    pub fn state_stream<'a>(&'a self, be: &'a B) -> Vec<StreamTensor<'a>> {
+        let mut out = Vec::with_capacity(2 * self.names.len());
+        for (i, name) in self.names.iter().enumerate() {
+            for (kind, t) in [("m", &self.m[i]), ("v", &self.v[i])] {
+                out.push(StreamTensor::from_backend(be, format!("{kind}.{name}"), t));
+            }
+        }
+        out
+    }
+
+    /// Loads the moments written by [`AdamW::state_tensors`] from a safetensors file, memory-mapped
+    /// one tensor at a time; a missing tensor or a wrong shape is an error naming the file and the
+    /// tensor.
     pub fn load_state(&mut self, be: &B, path: &Path) -> Result<()> {
-        let moments = read_f32_tensors(path)?;
+        let files = WeightFiles::open_file(path)?;
         for i in 0..self.names.len() {
             for (kind, dst) in [("m", &mut self.m[i]), ("v", &mut self.v[i])] {
                 let key = format!("{kind}.{}", self.names[i]);
-                let (shape, data) = moments
-                    .get(&key)
-                    .ok_or_else(|| TrainError::invalid(path, &key, "missing"))?;
-                if shape.as_slice() != dst.shape() {
-                    return Err(TrainError::invalid(
-                        path,
-                        &key,
-                        format!("shape {shape:?}, expected {:?}", dst.shape()),
-                    ));
-                }
-                *dst = be.upload(HostData::F32(data), shape)?;
+                *dst = load_owned(be, &files, &key, dst.shape())?;
             }
         }
         Ok(())

@@ -14,11 +14,13 @@ use serde_json::json;
 use crate::engine::Backend;
 use crate::model::chat::{encode, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
+use crate::model::st_writer::write_safetensors;
 use crate::model::transformer::Model;
 use crate::model::weights::write_atomic;
+use crate::model::weights::write_atomic_with;
 use crate::model::Tokenizer;
 use crate::train::backward::backward;
-use crate::train::checkpoint::{self, host_tensors, safetensors_bytes, side_files};
+use crate::train::checkpoint::{self, side_files, stream_tensors, CheckpointWriter};
 use crate::train::data::{
     encode_examples, epoch_batches, read_chat_jsonl, split_held_out, ChatExample,
 };
@@ -26,6 +28,7 @@ use crate::train::error::{Result, TrainError};
 use crate::train::forward::{forward, Batch, ForwardOptions, Sequence};
 use crate::train::lora::{Lora, LoraConfig, LoraTarget};
 use crate::train::loss::cross_entropy;
+use crate::train::memory::{self, StepMemory};
 use crate::train::optim::{AdamW, OptimConfig};
 use crate::train::params::{model_params, model_params_mut, Grads};
 
@@ -145,6 +148,8 @@ pub struct StepMetrics {
     pub trained_tokens: usize,
     /// Throughput of this step.
     pub tokens_per_s: f64,
+    /// Peak resident memory of the process so far, in MiB (0 where unknown).
+    pub peak_rss_mib: f64,
 }
 
 /// Progress of a run, for a progress bar or a log.
@@ -316,28 +321,29 @@ struct Run<B: Backend> {
 }
 
 impl<B: Backend> Run<B> {
-    fn save_checkpoint(&self, step: u64, micro_done: u64) -> Result<PathBuf> {
-        let mut files = side_files(&self.cfg.model)?;
+    /// Writes the checkpoint of `step`; returns its directory and the bytes written.
+    fn save_checkpoint(&self, step: u64, micro_done: u64) -> Result<(PathBuf, u64)> {
+        let root = self.cfg.out.join("checkpoints");
+        let mut w = CheckpointWriter::begin(&root, step)?;
+        for (f, bytes) in side_files(&self.cfg.model)? {
+            w.add_bytes(&f, &bytes)?;
+        }
         match &self.lora {
             Some(l) => {
                 let tmp = tempdir_in(&self.cfg.out)?;
                 l.save_peft(&self.be, &tmp, &self.cfg.model.to_string_lossy())?;
                 for f in ["adapter_model.safetensors", "adapter_config.json"] {
                     let p = tmp.join(f);
-                    files.push((
-                        f.to_string(),
-                        std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?,
-                    ));
+                    w.add_bytes(f, &std::fs::read(&p).map_err(|e| TrainError::io(&p, e))?)?;
                 }
                 let _ = std::fs::remove_dir_all(&tmp);
             }
-            None => {
-                let t = host_tensors(&self.be, model_params(&self.model), "")?;
-                files.push(("model.safetensors".into(), safetensors_bytes(&t)?));
-            }
+            None => w.add_safetensors(
+                "model.safetensors",
+                stream_tensors(&self.be, model_params(&self.model), ""),
+            )?,
         }
-        let moments = self.opt.state_tensors(&self.be)?;
-        files.push(("optimizer.safetensors".into(), safetensors_bytes(&moments)?));
+        w.add_safetensors("optimizer.safetensors", self.opt.state_stream(&self.be))?;
         let state = TrainState {
             format: STATE_FORMAT.into(),
             step,
@@ -346,11 +352,13 @@ impl<B: Backend> Run<B> {
             config: self.cfg.clone(),
         };
         let text = serde_json::to_string_pretty(&state).unwrap_or_default();
-        files.push(("train_state.json".into(), text.into_bytes()));
-        let root = self.cfg.out.join("checkpoints");
-        let dir = checkpoint::save(&root, step, &files)?;
+        w.add_bytes("train_state.json", text.as_bytes())?;
+        let written = w.bytes_written();
+        let dir = w.commit()?;
+        let manifest = std::fs::metadata(dir.join(checkpoint::MANIFEST)).map_or(0, |m| m.len());
+        let bytes = written + manifest;
         checkpoint::prune(&root, self.cfg.keep_last)?;
-        Ok(dir)
+        Ok((dir, bytes))
     }
 
     fn export(&self) -> Result<PathBuf> {
@@ -359,7 +367,7 @@ impl<B: Backend> Run<B> {
         for (f, bytes) in side_files(&self.cfg.model)? {
             write_atomic(&dir.join(f), &bytes)?;
         }
-        let tensors = match &self.lora {
+        let merged = match &self.lora {
             Some(l) => {
                 l.save_peft(
                     &self.be,
@@ -368,13 +376,32 @@ impl<B: Backend> Run<B> {
                 )?;
                 let mut merged = Model::load(&self.be, &self.cfg.model)?;
                 l.merge_into(&mut merged)?;
-                host_tensors(&self.be, model_params(&merged), "")?
+                Some(merged)
             }
-            None => host_tensors(&self.be, model_params(&self.model), "")?,
+            None => None,
         };
-        crate::model::weights::save_safetensors(&dir.join("model.safetensors"), &tensors)?;
+        let model = merged.as_ref().unwrap_or(&self.model);
+        let views = stream_tensors(&self.be, model_params(model), "");
+        write_atomic_with(&dir.join("model.safetensors"), |w| {
+            write_safetensors(w, views).map(|_| ())
+        })?;
         Ok(dir)
     }
+}
+
+/// Makes every weight of a model that is trained in place owned memory, releasing the pages of
+/// mapped ones, so that the map and the trained copy are not both resident.
+pub fn own_weights<B: Backend>(m: &mut Model<B>) -> Result<()> {
+    let be = m.backend.clone();
+    for (_, t) in model_params_mut(m) {
+        be.own_weight(t)?;
+    }
+    Ok(())
+}
+
+fn owned_model<B: Backend>(mut m: Model<B>) -> Result<Model<B>> {
+    own_weights(&mut m)?;
+    Ok(m)
 }
 
 fn tempdir_in(out: &Path) -> Result<PathBuf> {
@@ -546,13 +573,13 @@ pub fn run_sft<B: Backend>(
         })
         .transpose()?;
     let (model, lora) = match (&ckpt, &lora_cfg) {
-        (Some(d), None) => (Model::load(be, d)?, None),
+        (Some(d), None) => (owned_model(Model::load(be, d)?)?, None),
         (Some(d), Some(_)) => {
             let m = Model::load(be, &cfg.model)?;
             let l = Lora::load_peft(be, d, &m.config)?;
             (m, Some(l))
         }
-        (None, None) => (Model::load(be, &cfg.model)?, None),
+        (None, None) => (owned_model(Model::load(be, &cfg.model)?)?, None),
         (None, Some(lc)) => {
             let m = Model::load(be, &cfg.model)?;
             let l = Lora::new(be, &m.config, lc.clone(), cfg.seed)?;
@@ -608,6 +635,23 @@ pub fn run_sft<B: Backend>(
         total_steps,
     };
     let mut grads = Grads::new(&run.model, run.lora.as_ref())?;
+    let state_mem = StepMemory {
+        weights: memory::tensor_bytes(&model_params(&run.model)),
+        adapters: run
+            .lora
+            .as_ref()
+            .map_or(0, |l| memory::tensor_bytes(&l.params())),
+        grads: memory::tensor_bytes(&grads.named()),
+        moments: memory::tensor_bytes(
+            &run.opt
+                .names
+                .iter()
+                .cloned()
+                .zip(run.opt.m.iter())
+                .collect::<Vec<_>>(),
+        ) * 2,
+        ..StepMemory::default()
+    };
     let fopts = ForwardOptions {
         recompute: cfg.recompute,
         chunk_rows: cfg.chunk_rows.max(1),
@@ -632,11 +676,13 @@ pub fn run_sft<B: Backend>(
         let tokens: usize = batches.iter().map(|b| b.len()).sum();
         grads.zero(be)?;
         let mut loss = 0.0;
+        let mut saved = 0u64;
         for b in &batches {
             if b.trained_tokens() == 0 {
                 continue;
             }
             let fwd = forward(&run.model, run.lora.as_ref(), b, fopts)?;
+            saved = saved.max(fwd.saved_bytes() as u64);
             let lg = cross_entropy(be, &fwd, &b.weights, trained.max(1) as f64)?;
             loss += lg.loss;
             backward(
@@ -664,11 +710,18 @@ pub fn run_sft<B: Backend>(
             tokens,
             trained_tokens: trained,
             tokens_per_s: tokens as f64 / dt.max(1e-9),
+            peak_rss_mib: memory::peak_rss_mib(),
+        };
+        let mem = StepMemory {
+            activations: saved,
+            logits_chunk: (fopts.chunk_rows.min(tokens) * run.model.config.vocab_size * 8) as u64,
+            ..state_mem
         };
         log(json!({
             "step": m.step, "epoch": m.epoch, "loss": m.loss, "lr": m.lr,
             "grad_norm": m.grad_norm, "clipped": stats.clipped, "tokens": m.tokens,
             "trained_tokens": m.trained_tokens, "tokens_per_s": m.tokens_per_s,
+            "peak_rss_mib": m.peak_rss_mib, "mem_mib": mem.to_json_mib(),
         }))?;
         on(SftEvent::Step(m));
         let last = step == total_steps;
@@ -687,7 +740,13 @@ pub fn run_sft<B: Backend>(
         let stop_now = stop.load(Ordering::SeqCst);
         let budget = cfg.max_steps > 0 && step >= cfg.max_steps;
         if last || stop_now || budget || (cfg.save_every > 0 && step % cfg.save_every == 0) {
-            let dir = run.save_checkpoint(step, hi as u64)?;
+            let t_save = Instant::now();
+            let (dir, bytes) = run.save_checkpoint(step, hi as u64)?;
+            log(json!({
+                "step": step, "checkpoint_bytes": bytes,
+                "checkpoint_s": t_save.elapsed().as_secs_f64(),
+                "peak_rss_mib": memory::peak_rss_mib(),
+            }))?;
             on(SftEvent::Saved {
                 step,
                 dir: dir.clone(),

@@ -191,6 +191,23 @@ impl Backend for Cpu {
         Ok(f32s(t, "to_host_f32")?.to_vec())
     }
 
+    fn host_f32<'a>(&self, t: &'a Tensor<Self>) -> Result<std::borrow::Cow<'a, [f32]>> {
+        Ok(std::borrow::Cow::Borrowed(f32s(t, "host_f32")?))
+    }
+
+    fn own_weight(&self, t: &mut Tensor<Self>) -> Result<()> {
+        let CpuStorage::Mapped(m) = t.storage() else {
+            return Ok(());
+        };
+        let (map, start, len) = (Arc::clone(&m.map), m.start, m.end - m.start);
+        f32s_mut(t, "own_weight")?;
+        // SAFETY: the map is a read-only shared mapping of a file; dropping its pages only makes a
+        // later read fault them in again from the file with the same contents.
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+        Ok(())
+    }
+
     fn to_host_u32(&self, t: &Tensor<Self>) -> Result<Vec<u32>> {
         Ok(u32s(t, "to_host_u32")?.to_vec())
     }
