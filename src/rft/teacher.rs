@@ -73,6 +73,21 @@ fn pick(rng: &mut SplitMix, scores: &[f64], temperature: f64) -> usize {
     w.len().saturating_sub(1)
 }
 
+/// The built-in teacher's answer to an edit prompt where no shown line has a change it can
+/// justify: it says so, with no edit block (a refusal scores zero and is never SFT data).
+pub const CANNOT_FIX: &str =
+    "<think>No line shown here has a change I can justify from the issue; I cannot fix it.</think>";
+
+/// The single-operator changes the teacher knows for `line` (each differs from it).
+fn mutations_of(line: &str) -> Vec<String> {
+    INVERSE_MUTATIONS
+        .iter()
+        .filter(|(a, _)| line.contains(a))
+        .map(|(a, b)| line.replacen(a, b, 1))
+        .filter(|n| n != line)
+        .collect()
+}
+
 /// The built-in teacher for the embedded default.
 #[derive(Clone, Debug)]
 pub struct BuiltinTeacher {
@@ -349,6 +364,14 @@ impl BuiltinTeacher {
                         cands.push((w.path.clone(), w.start_line + k, line.to_string(), s));
                     }
                 }
+                if r.subtask == Subtask::Edit {
+                    // Only lines the teacher knows a change for: it never proposes an edit that
+                    // changes nothing (or only a comment).
+                    cands.retain(|c| !mutations_of(&c.2).is_empty());
+                    if cands.is_empty() {
+                        return CANNOT_FIX.into();
+                    }
+                }
                 if cands.is_empty() {
                     return "<think>No code shown.</think>\n```\n```".into();
                 }
@@ -360,16 +383,9 @@ impl BuiltinTeacher {
                         line.trim()
                     );
                 }
-                let options: Vec<String> = INVERSE_MUTATIONS
-                    .iter()
-                    .filter(|(a, _)| line.contains(a))
-                    .map(|(a, b)| line.replacen(a, b, 1))
-                    .filter(|n| n != &line)
-                    .collect();
-                let new = if options.is_empty() {
-                    format!("{line}  # reviewed")
-                } else {
-                    options[rng.below(options.len() as u64) as usize].clone()
+                let options = mutations_of(&line);
+                let Some(new) = options.get(rng.below(options.len().max(1) as u64) as usize) else {
+                    return CANNOT_FIX.into();
                 };
                 format!(
                     "<think>Line {line_no} of {path} computes the value the issue complains about; changing `{}` to `{}` gives the expected behaviour.</think>\n```python\n### {path}\n<<<<<<< SEARCH\n{line}\n=======\n{new}\n>>>>>>> REPLACE\n```",
