@@ -527,8 +527,11 @@ impl Teacher for EndpointTeacher {
 pub struct Acceptance {
     /// Samples seen.
     pub sampled: usize,
-    /// Samples whose answer agreed with ground truth.
+    /// Samples whose answer agreed with ground truth (and, where execution was checked, passed it).
     pub passed: usize,
+    /// Samples that agreed with ground truth but failed execution (stage-1 edits: the patch did not
+    /// resolve the instance in the sandbox).
+    pub failed_execution: usize,
     /// Accepted after removing duplicates.
     pub kept: usize,
 }
@@ -554,6 +557,17 @@ pub fn rejection_filter_indexed(
     samples: &[Vec<String>],
     edit_reward: crate::swe::subtask::EditReward,
 ) -> IndexedKept {
+    rejection_filter_checked(items, samples, edit_reward, None)
+}
+
+/// As [`rejection_filter_indexed`], a sample also needing `executed[i][k]` (e.g. from
+/// [`crate::rft::accept::execution_passes`]) when given.
+pub fn rejection_filter_checked(
+    items: &[TeacherItem<'_>],
+    samples: &[Vec<String>],
+    edit_reward: crate::swe::subtask::EditReward,
+    executed: Option<&[Vec<bool>]>,
+) -> IndexedKept {
     let mut kept = Vec::new();
     let mut stats: BTreeMap<String, Acceptance> = BTreeMap::new();
     for (i, (item, outs)) in items.iter().zip(samples).enumerate() {
@@ -561,10 +575,15 @@ pub fn rejection_filter_indexed(
             .entry(item.record.subtask.name().to_string())
             .or_default();
         let mut seen = BTreeSet::new();
-        for text in outs {
+        for (k, text) in outs.iter().enumerate() {
             st.sampled += 1;
             let r = item.record.reward(text, edit_reward);
             if r.reward <= 0.0 {
+                continue;
+            }
+            let ran = executed.is_none_or(|e| e.get(i).and_then(|v| v.get(k)).copied() == Some(true));
+            if !ran {
+                st.failed_execution += 1;
                 continue;
             }
             st.passed += 1;
