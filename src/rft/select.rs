@@ -61,9 +61,25 @@ fn strip_comment(line: &str) -> &str {
 
 /// Whether a patch adds or removes any line of code (blank and comment-only lines do not count).
 pub fn changes_something(patch: &str) -> bool {
-    normalize_patch(patch)
-        .lines()
-        .any(|l| !l.starts_with("+++ ") && !l.starts_with("--- "))
+    // Per file, the normalised removed lines against the added ones: an edit that only reflows
+    // whitespace or adds a comment removes and adds the same code.
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let mut changed = false;
+    for l in normalize_patch(patch).lines() {
+        if l.starts_with("+++ ") {
+            continue;
+        }
+        if l.starts_with("--- ") {
+            changed |= removed != added;
+            removed.clear();
+            added.clear();
+        } else if let Some(r) = l.strip_prefix('-') {
+            removed.push(r.to_string());
+        } else if let Some(a) = l.strip_prefix('+') {
+            added.push(a.to_string());
+        }
+    }
+    changed || removed != added
 }
 
 /// The index of the chosen candidate, or `None` when no candidate applied with a change.
