@@ -86,6 +86,9 @@ fn execution_keeps_fixes_and_drops_edits_that_only_touch_the_line() {
     }
     let (kept, stats) =
         rejection_filter_checked(&items, &samples, EditReward::LineFbeta, Some(&ran));
-    assert_eq!((stats["edit"].passed, stats["edit"].failed_execution), (n, n));
+    assert_eq!(
+        (stats["edit"].passed, stats["edit"].failed_execution),
+        (n, n)
+    );
     assert_eq!(kept.len(), n);
 }

@@ -163,6 +163,10 @@ fn the_edit_hit_is_the_selected_patch_and_the_oracle_is_reported_apart() {
     };
     let repos = dir.path().join("repos");
     let (_, sum) = evaluate(&mut OutVoted, &report.instances, &repos, &cfg, &mut |_| {}).unwrap();
-    assert_eq!(sum.hit_rate[sorft::rft::eval::ORACLE_EDIT], 100.0, "{sum:?}");
+    assert_eq!(
+        sum.hit_rate[sorft::rft::eval::ORACLE_EDIT],
+        100.0,
+        "{sum:?}"
+    );
     assert_eq!(sum.hit_rate["edit"], 0.0, "{sum:?}");
 }

@@ -77,7 +77,10 @@ fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples
             );
         }
     }
-    assert!(edits > 0 && refusals < edits, "{refusals} refusals of {edits} edits");
+    assert!(
+        edits > 0 && refusals < edits,
+        "{refusals} refusals of {edits} edits"
+    );
     let file = by_subtask["file"];
     assert!(file.1 > 0, "the teacher never found a file");
     let total_pass: usize = by_subtask.values().map(|v| v.1).sum();

@@ -536,7 +536,10 @@ mod tests {
         let set = TokenSet::from_fn(4, |i| i == 1);
         let at_1 = set.log_mass(&row, 1.0);
         let at_half = set.log_mass(&row, 0.5);
-        assert!(at_1.exp() > 0.12 && at_half.exp() < 0.12, "{at_1} {at_half}");
+        assert!(
+            at_1.exp() > 0.12 && at_half.exp() < 0.12,
+            "{at_1} {at_half}"
+        );
         assert!(!below_min_mass(at_1, 0.12));
         assert!(below_min_mass(at_half, 0.12));
         assert!(!below_min_mass(at_half, 0.0), "0 turns the check off");

@@ -58,10 +58,7 @@ pub fn clusters(recs: &[SubtaskRecord], scores: &[f64]) -> Vec<Vec<f64>> {
         }
         by.entry(id).or_default().push(s);
     }
-    order
-        .into_iter()
-        .filter_map(|id| by.remove(id))
-        .collect()
+    order.into_iter().filter_map(|id| by.remove(id)).collect()
 }
 
 /// One stage-to-stage difference of one metric.
@@ -214,7 +211,10 @@ pub fn seeds_section(runs: &[(u64, Vec<Delta>)]) -> String {
     for k in keys {
         let v = &vals[&k];
         let Some((m, s)) = mean_std(v) else { continue };
-        let same = v.iter().filter(|x| x.signum() == m.signum() && **x != 0.0).count();
+        let same = v
+            .iter()
+            .filter(|x| x.signum() == m.signum() && **x != 0.0)
+            .count();
         let each: Vec<String> = v.iter().map(|x| format!("{x:+.3}")).collect();
         md.push_str(&format!(
             "| {k} | {m:+.3} ± {s:.3} | {} | {same}/{} | {}/{} |\n",
@@ -253,11 +253,18 @@ mod tests {
     fn deltas_find_a_real_gain_and_not_noise() {
         // 60 instances, 4 subtasks each: stage b is 0.3 better everywhere; stage c equals b.
         let a: Vec<Vec<f64>> = (0..60).map(|i| vec![(i % 3) as f64 * 0.1; 4]).collect();
-        let b: Vec<Vec<f64>> = a.iter().map(|c| c.iter().map(|x| x + 0.3).collect()).collect();
+        let b: Vec<Vec<f64>> = a
+            .iter()
+            .map(|c| c.iter().map(|x| x + 0.3).collect())
+            .collect();
         let c = b.clone();
         let ds = cluster_deltas(
             "reward",
-            &[("initial", Some(&a)), ("sft", Some(&b)), ("sft+rl", Some(&c))],
+            &[
+                ("initial", Some(&a)),
+                ("sft", Some(&b)),
+                ("sft+rl", Some(&c)),
+            ],
             1,
         );
         assert_eq!(ds.len(), 3);
@@ -265,9 +272,15 @@ mod tests {
         assert!(!ds[1].significant());
         assert_eq!(ds[2].key(), "reward: initial -> sft+rl");
         let md = delta_section(&ds);
-        assert!(md.contains("Significant at the 5% level: reward: initial -> sft"), "{md}");
+        assert!(
+            md.contains("Significant at the 5% level: reward: initial -> sft"),
+            "{md}"
+        );
         // A stage not measured gives no delta rather than a fake one.
-        assert_eq!(cluster_deltas("r", &[("a", Some(&a)), ("b", None)], 1).len(), 0);
+        assert_eq!(
+            cluster_deltas("r", &[("a", Some(&a)), ("b", None)], 1).len(),
+            0
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::model::init::{init_model, EMBEDDED_CORPUS};
 use crate::model::{load_dir, Model, Tokenizer};
 use crate::pipeline::augment::{fresh_name, package_of, Renamer};
 use crate::pipeline::compare::{
-    binary_deltas, clusters, cluster_deltas, delta_section, split_repos, Delta,
+    binary_deltas, cluster_deltas, clusters, delta_section, split_repos, Delta,
 };
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
@@ -518,8 +518,12 @@ pub fn run_repro<B: Backend>(
     };
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
     let executed = stage1_execution(cfg, &items, &samples, &train, &data.join("repos"))?;
-    let (kept_idx, acceptance) =
-        rejection_filter_checked(&items, &samples, cfg.stage2.edit_reward, executed.as_deref());
+    let (kept_idx, acceptance) = rejection_filter_checked(
+        &items,
+        &samples,
+        cfg.stage2.edit_reward,
+        executed.as_deref(),
+    );
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
     for (i, conv) in kept_idx {
@@ -699,18 +703,34 @@ fn evaluate_stage<B: Backend>(
     let (cfg, status) = (ctx.cfg, ctx.status);
     let (model, tok) = load_dir(be, dir)?;
     let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
-    status.detail(format!("evaluation: {name}: subtask rewards, free decoding"));
+    status.detail(format!(
+        "evaluation: {name}: subtask rewards, free decoding"
+    ));
     let free = subtask_rewards(&model, &tok, ctx.test_records, cfg, false, 0)?;
     let constrained = if cfg.eval.constrain {
         status.detail(format!("evaluation: {name}: subtask rewards, constrained"));
-        Some(subtask_rewards(&model, &tok, ctx.test_records, cfg, true, 0)?)
+        Some(subtask_rewards(
+            &model,
+            &tok,
+            ctx.test_records,
+            cfg,
+            true,
+            0,
+        )?)
     } else {
         None
     };
     let sampled = if cfg.eval.reward_samples > 0 {
         status.detail(format!("evaluation: {name}: subtask rewards, sampled"));
         let k = cfg.eval.reward_samples;
-        Some(subtask_rewards(&model, &tok, ctx.test_records, cfg, cfg.eval.constrain, k)?)
+        Some(subtask_rewards(
+            &model,
+            &tok,
+            ctx.test_records,
+            cfg,
+            cfg.eval.constrain,
+            k,
+        )?)
     } else {
         None
     };
@@ -958,9 +978,13 @@ fn write_report(
             (true, true, true) => "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); quotes in localization thoughts must copy the prompt, and a localization answer may only name what its thought quoted (when the thought quoted any shown target)",
         }
     ));
-    md.push_str("## Test mean subtask reward (ground-truth prompts, free decoding, greedy; primary)\n");
+    md.push_str(
+        "## Test mean subtask reward (ground-truth prompts, free decoding, greedy; primary)\n",
+    );
     reward_table(&mut md, &s.stages, |r| &r.subtask_reward);
-    md.push_str("\n## Stage-to-stage deltas on the test split\n\nPaired cluster bootstrap 95% intervals (");
+    md.push_str(
+        "\n## Stage-to-stage deltas on the test split\n\nPaired cluster bootstrap 95% intervals (",
+    );
     md.push_str(&format!(
         "{} resamples of whole instances with all their subtasks); McNemar's exact test for the pipeline's hit rates and %Resolved.\n\n",
         crate::pipeline::compare::RESAMPLES

@@ -64,9 +64,9 @@ pub fn execution_passes(
         pool.install(|| {
             keys.par_iter()
                 .map(|(id, patch)| {
-                    by_id
-                        .get(id.as_str())
-                        .is_some_and(|inst| run_instance(sb, &mirrors, inst, "teacher", patch).resolved)
+                    by_id.get(id.as_str()).is_some_and(|inst| {
+                        run_instance(sb, &mirrors, inst, "teacher", patch).resolved
+                    })
                 })
                 .collect()
         })

@@ -159,7 +159,10 @@ mod tests {
         let scores = [1.0, 1.0];
         let groups = [0, 0];
         let r = group_advantages(&scores, &groups, &[0, 1], true, &[2.0, 0.0], 0.1);
-        assert!((r[0] + 0.2).abs() < 1e-6 && (r[1] - 0.2).abs() < 1e-6, "{r:?}");
+        assert!(
+            (r[0] + 0.2).abs() < 1e-6 && (r[1] - 0.2).abs() < 1e-6,
+            "{r:?}"
+        );
         assert!((r.iter().sum::<f32>()).abs() < 1e-6);
     }
 

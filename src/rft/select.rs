@@ -114,11 +114,16 @@ mod tests {
     #[test]
     fn comments_and_spacing_do_not_split_the_vote() {
         let a = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return a+b\n+    return a - b\n";
-        let b = "--- a/m.py\n+++ b/m.py\n@@ -3 +3 @@\n-    return a+b\n+    return a  -  b   # fixed\n";
+        let b =
+            "--- a/m.py\n+++ b/m.py\n@@ -3 +3 @@\n-    return a+b\n+    return a  -  b   # fixed\n";
         assert_eq!(normalize_patch(a), normalize_patch(b));
         // A '#' inside a string is code, not a comment.
         let c = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    s = '#'\n+    s = '# x'\n";
-        assert!(normalize_patch(c).contains("'# x'"), "{}", normalize_patch(c));
+        assert!(
+            normalize_patch(c).contains("'# x'"),
+            "{}",
+            normalize_patch(c)
+        );
         // Indentation still counts.
         let d = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return a+b\n+return a - b\n";
         assert_ne!(normalize_patch(a), normalize_patch(d));

@@ -581,7 +581,8 @@ pub fn rejection_filter_checked(
             if r.reward <= 0.0 {
                 continue;
             }
-            let ran = executed.is_none_or(|e| e.get(i).and_then(|v| v.get(k)).copied() == Some(true));
+            let ran =
+                executed.is_none_or(|e| e.get(i).and_then(|v| v.get(k)).copied() == Some(true));
             if !ran {
                 st.failed_execution += 1;
                 continue;
