@@ -25,6 +25,14 @@ fn quick_repro_writes_a_complete_report_deterministically() {
         "%Resolved",
         "Stage 1 rejection sampling",
         "| file |",
+        "free decoding, greedy; primary",
+        "## Stage-to-stage deltas on the test split",
+        "| subtask reward (free, greedy) | initial -> sft |",
+        "| pipeline %Resolved | sft -> sft+rl |",
+        "at the 5% level",
+        "Dev split",
+        "edit hit@n",
+        "failed execution",
     ] {
         assert!(
             report.contains(needle),

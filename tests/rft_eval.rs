@@ -100,3 +100,73 @@ fn an_oracle_resolves_everything_and_silence_resolves_nothing() {
         .iter()
         .all(|o| o.patch.is_empty() && !o.rewards.contains_key("function")));
 }
+
+/// Localizes like the oracle; its edits are two copies of a wrong (but applying) edit of a line
+/// that is not a ground-truth line, then the gold edit: majority selection picks the wrong one.
+struct OutVoted;
+
+impl Answerer for OutVoted {
+    fn answer(
+        &mut self,
+        recs: &[&SubtaskRecord],
+        n: usize,
+        t: f32,
+        s: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        let gold = Oracle.answer(recs, n, t, s)?;
+        Ok(recs
+            .iter()
+            .zip(gold)
+            .map(|(r, g)| {
+                if r.subtask != Subtask::Edit {
+                    return g;
+                }
+                let truth: Vec<usize> = r.truth.lines.iter().map(|l| l.line).collect();
+                let wrong = r.shown.windows.iter().find_map(|w| {
+                    w.text.lines().enumerate().find_map(|(k, line)| {
+                        let bad = line.trim().is_empty()
+                            || truth.contains(&(w.start_line + k))
+                            || w.text.matches(line).count() > 1;
+                        let indent = &line[..line.len() - line.trim_start().len()];
+                        (!bad).then(|| {
+                            format!(
+                                "```python\n### {}\n<<<<<<< SEARCH\n{line}\n=======\n{indent}pass\n>>>>>>> REPLACE\n```",
+                                w.path
+                            )
+                        })
+                    })
+                });
+                let wrong = wrong.unwrap_or_default();
+                vec![wrong.clone(), wrong, g[0].clone()]
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn the_edit_hit_is_the_selected_patch_and_the_oracle_is_reported_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = generate(
+        &SynthConfig {
+            n: 3,
+            seed: 21,
+            ..Default::default()
+        },
+        dir.path(),
+        &|_| {},
+    )
+    .unwrap();
+    let cfg = EvalConfig {
+        edit_samples: 3,
+        run_tests: false,
+        ..Default::default()
+    };
+    let repos = dir.path().join("repos");
+    let (_, sum) = evaluate(&mut OutVoted, &report.instances, &repos, &cfg, &mut |_| {}).unwrap();
+    assert_eq!(
+        sum.hit_rate[sorft::rft::eval::ORACLE_EDIT],
+        100.0,
+        "{sum:?}"
+    );
+    assert_eq!(sum.hit_rate["edit"], 0.0, "{sum:?}");
+}

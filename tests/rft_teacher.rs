@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use sorft::rft::teacher::{rejection_filter, BuiltinTeacher, Teacher, TeacherItem};
+use sorft::rft::eval::edit_to_patch;
+use sorft::rft::teacher::{rejection_filter, BuiltinTeacher, Teacher, TeacherItem, CANNOT_FIX};
 use sorft::swe::repo::RepoStore;
 use sorft::swe::subtask::{training_records, EditReward, SubtaskRecord};
 use sorft::swe::synth::{generate, SynthConfig};
@@ -44,6 +45,7 @@ fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples
     );
     let (kept, stats) = rejection_filter(&items, &a, EditReward::LineFbeta);
     let mut by_subtask: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let (mut edits, mut refusals) = (0usize, 0usize);
     for (item, outs) in items.iter().zip(&a) {
         for o in outs {
             let r = item.record.reward(o, EditReward::LineFbeta);
@@ -52,6 +54,20 @@ fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples
                 .or_default();
             e.0 += 1;
             e.1 += (r.reward > 0.0) as usize;
+            if item.record.subtask.name() == "edit" {
+                // An edit either changes code or says it cannot fix the issue: no no-op edits.
+                edits += 1;
+                if o == CANNOT_FIX {
+                    refusals += 1;
+                    assert_eq!(r.reward, 0.0);
+                    continue;
+                }
+                assert!(
+                    edit_to_patch(item.record, o).is_some(),
+                    "an edit that changes nothing: {o}"
+                );
+                assert!(!o.contains("# reviewed"), "{o}");
+            }
             // Every answer parses into something (no empty-answer zeros).
             assert_ne!(
                 r.zero_reason,
@@ -61,6 +77,10 @@ fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples
             );
         }
     }
+    assert!(
+        edits > 0 && refusals < edits,
+        "{refusals} refusals of {edits} edits"
+    );
     let file = by_subtask["file"];
     assert!(file.1 > 0, "the teacher never found a file");
     let total_pass: usize = by_subtask.values().map(|v| v.1).sum();

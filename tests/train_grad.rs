@@ -507,6 +507,19 @@ fn restricted_log_probabilities_renormalise_on_the_allowed_set() {
     let mut only = batch();
     only.restrict(0, 3, TokenSet::from_fn(v, |i| i == 11))
         .unwrap();
+    // The restricted rows' entropy is the renormalised distribution's: the full one's with
+    // everything allowed, 0 with one token, at most ln 3 with three.
+    let ent = |b: &Batch| forward(&model, None, b, ForwardOptions::default()).unwrap();
+    let full_ent = host(&ent(&batch()).entropy);
+    assert!((ent(&all).restricted_entropy[0].1 - full_ent[2]).abs() < 1e-4);
+    assert!(ent(&only).restricted_entropy[0].1.abs() < 1e-6);
+    let mut three = batch();
+    three
+        .restrict(0, 3, TokenSet::from_fn(v, |i| [11, 4, 30].contains(&i)))
+        .unwrap();
+    let h3 = ent(&three).restricted_entropy;
+    assert_eq!(h3[0].0, 2);
+    assert!(h3[0].1 > 0.0 && h3[0].1 <= 3f32.ln() + 1e-6, "{h3:?}");
     let (a, o) = (lp(&all), lp(&only));
     assert!((a[2] - full[2]).abs() < 1e-5, "{} vs {}", a[2], full[2]);
     assert!(o[2].abs() < 1e-6, "{}", o[2]);

@@ -30,6 +30,10 @@ pub struct ReproArgs {
     /// Seed of every random choice (same as `--set seed=N`).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Run whole reproductions for these seeds (e.g. `0,1,2`), each into `--out`/seed-N, and
+    /// write `--out`/seeds.md with the mean ± std of every stage-to-stage delta.
+    #[arg(long, value_delimiter = ',', conflicts_with = "seed")]
+    pub seeds: Vec<u64>,
     /// Continue an interrupted run in --out: finished phases are reused, unfinished ones resume
     /// from their checkpoints (the configuration must be the same).
     #[arg(long)]
@@ -92,6 +96,9 @@ pub fn run(a: ReproArgs) -> Result<()> {
         sets.push(format!("dtype=\"{}\"", choice_name(d)));
     }
     let cfg = ReproConfig::load(a.quick, a.config.as_deref(), &sets)?;
+    if !a.seeds.is_empty() && !a.print_config {
+        return run_seeds(a, cfg);
+    }
     if a.print_config {
         super::print_out(&format!("{}{}", cfg.to_toml(), device_comment(&cfg)))?;
         return Ok(());
@@ -115,6 +122,39 @@ pub fn run(a: ReproArgs) -> Result<()> {
         s.stages.len(),
         out.join("report.md").display()
     );
+    Ok(())
+}
+
+/// `--seeds`: one whole run per seed, then the table of deltas over seeds.
+fn run_seeds(a: ReproArgs, cfg: ReproConfig) -> Result<()> {
+    super::interrupt::install();
+    let mut runs = Vec::new();
+    for &seed in &a.seeds {
+        let mut c = cfg.clone();
+        c.seed = seed;
+        let out = a.out.join(format!("seed-{seed}"));
+        eprintln!("repro: seed {seed} into {}", out.display());
+        let picked = pick(c.device, c.dtype.dtype())?;
+        let args = ReproArgs {
+            out,
+            config: None,
+            sets: Vec::new(),
+            quick: a.quick,
+            seed: Some(seed),
+            seeds: Vec::new(),
+            resume: a.resume,
+            print_config: false,
+            device: None,
+            dtype: None,
+        };
+        let s = dispatch(picked, Repro { args, cfg: c })?;
+        runs.push((seed, s.deltas));
+    }
+    let md = sorft::pipeline::compare::seeds_section(&runs);
+    let path = a.out.join("seeds.md");
+    std::fs::write(&path, &md).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    super::print_out(&md)?;
+    eprintln!("seeds table at {}", path.display());
     Ok(())
 }
 

@@ -438,15 +438,19 @@ fn constrain<B: Backend>(
             let logmass = set.log_mass(row, r.params.temperature);
             let single = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1;
             out[k] = StepConstraint {
-                forced: single
-                    || (r.min_allowed_mass > 0.0
-                        && set.log_mass(row, 1.0) < (r.min_allowed_mass as f64).ln()),
+                forced: single || below_min_mass(logmass, r.min_allowed_mass),
                 allowed: Some(set),
                 logmass: logmass as f32,
             };
         }
     }
     Ok(out)
+}
+
+/// A constrained step whose allowed set holds less than `min_mass` of the policy's probability
+/// *at the sampling temperature* (`logmass`, as sampled) is forced: it leaves the update.
+fn below_min_mass(logmass: f64, min_mass: f32) -> bool {
+    min_mass > 0.0 && logmass < (min_mass as f64).ln()
 }
 
 fn check_done(
@@ -519,4 +523,25 @@ fn finish(
         },
         finish,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_minimum_allowed_mass_is_tested_at_the_sampling_temperature() {
+        // The allowed token holds ~13% of the mass at T = 1 but ~6% at T = 0.5.
+        let row = [1.0f32, 0.0, 0.0, 1.0];
+        let set = TokenSet::from_fn(4, |i| i == 1);
+        let at_1 = set.log_mass(&row, 1.0);
+        let at_half = set.log_mass(&row, 0.5);
+        assert!(
+            at_1.exp() > 0.12 && at_half.exp() < 0.12,
+            "{at_1} {at_half}"
+        );
+        assert!(!below_min_mass(at_1, 0.12));
+        assert!(below_min_mass(at_half, 0.12));
+        assert!(!below_min_mass(at_half, 0.0), "0 turns the check off");
+    }
 }

@@ -19,8 +19,10 @@ pub struct DataConfig {
     pub instances: usize,
     /// Instances per repository.
     pub per_repo: usize,
-    /// Fraction of repositories held out for evaluation.
+    /// Fraction of repositories held out as the test split (the reported results).
     pub heldout_fraction: f64,
+    /// Fraction of repositories held out as the dev split (for tuning; 0: none).
+    pub dev_fraction: f64,
     /// Time limit of one validation test run, seconds.
     pub test_timeout: f64,
 }
@@ -31,6 +33,7 @@ impl Default for DataConfig {
             instances: 64,
             per_repo: 3,
             heldout_fraction: 0.25,
+            dev_fraction: 0.15,
             test_timeout: 20.0,
         }
     }
@@ -90,6 +93,10 @@ pub struct Stage1Config {
     /// only renamed copies are trained on, so copying the name from the prompt is the only way
     /// to name a file right.
     pub keep_originals: bool,
+    /// How a teacher's edit is accepted: `execution` (default: its patch must resolve the
+    /// training instance in the sandbox, so no edit that merely touches the right line becomes
+    /// SFT data) or `overlap` (SoRFT's rule filter only).
+    pub edit_acceptance: crate::rft::accept::EditAcceptance,
 }
 
 impl Default for Stage1Config {
@@ -103,6 +110,7 @@ impl Default for Stage1Config {
             max_len: 2048,
             renames: 2,
             keep_originals: false,
+            edit_acceptance: crate::rft::accept::EditAcceptance::Execution,
         }
     }
 }

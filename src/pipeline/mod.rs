@@ -1,6 +1,7 @@
 //! Orchestration of whole runs (`sorft repro`) and their reports.
 
 pub mod augment;
+pub mod compare;
 pub mod config;
 pub mod plot;
 pub mod repro;

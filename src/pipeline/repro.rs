@@ -22,13 +22,17 @@ use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::init::{init_model, EMBEDDED_CORPUS};
 use crate::model::{load_dir, Model, Tokenizer};
 use crate::pipeline::augment::{fresh_name, package_of, Renamer};
+use crate::pipeline::compare::{
+    binary_deltas, cluster_deltas, clusters, delta_section, split_repos, Delta,
+};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
+use crate::rft::accept::{execution_passes, EditAcceptance};
 use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
 use crate::rft::rl::{zero_reason_name, RlItem, RlMetrics};
 use crate::rft::rl_run::{run_rl, RlRun};
 use crate::rft::teacher::{
-    rejection_filter_indexed, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
+    rejection_filter_checked, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
 };
 use crate::swe::instance::{write_jsonl, Instance};
 use crate::swe::repo::{RepoStore, Snapshot};
@@ -42,23 +46,43 @@ use crate::train::sft::{run_sft, Resume, SftConfig, SftEvent};
 pub struct StageResult {
     /// `initial`, `sft` or `sft+rl`.
     pub stage: String,
-    /// Mean reward per subtask on held-out ground-truth prompts (greedy).
+    /// Mean reward per subtask on the test split's ground-truth prompts, free decoding (answers
+    /// not constrained), greedy: the primary row.
     pub subtask_reward: BTreeMap<String, f64>,
     /// Mean of those.
     pub mean_reward: f64,
-    /// Mean reward per subtask over `eval.reward_samples` responses per held-out prompt sampled at
-    /// the stage-2 temperature (empty when that is 0): the expected reward stage 2 maximises.
+    /// Why answers scored zero (format errors, invented targets, ...), free decoding.
+    pub zero_reasons: BTreeMap<String, usize>,
+    /// The same with grammar-constrained decoding (`eval.constrain`; empty when off).
+    pub constrained_subtask_reward: BTreeMap<String, f64>,
+    /// Zero reasons with constrained decoding.
+    pub constrained_zero_reasons: BTreeMap<String, usize>,
+    /// Mean reward per subtask over `eval.reward_samples` responses per test prompt sampled at
+    /// the stage-2 temperature, decoded as in stage 2 (empty when 0): what stage 2 maximises.
     pub sampled_subtask_reward: BTreeMap<String, f64>,
     /// Mean of those.
     pub sampled_mean_reward: f64,
-    /// Why answers scored zero (format errors, invented targets, ...), counted over all subtasks.
-    pub zero_reasons: BTreeMap<String, usize>,
-    /// The same subtask rewards with free decoding (`eval.constrain` off), when the run was constrained.
-    pub free_subtask_reward: BTreeMap<String, f64>,
-    /// Zero reasons with free decoding.
-    pub free_zero_reasons: BTreeMap<String, usize>,
-    /// The end-to-end Agentless evaluation.
+    /// Mean reward per subtask on the dev split (free, greedy): the numbers to tune on.
+    pub dev_subtask_reward: BTreeMap<String, f64>,
+    /// The end-to-end Agentless evaluation on the test split.
     pub pipeline: EvalSummary,
+    /// Per-instance scores behind the means, for the paired comparisons.
+    #[serde(skip)]
+    pub scores: StageScores,
+}
+
+/// Per-instance scores of one checkpoint on the test split.
+#[derive(Clone, Debug, Default)]
+pub struct StageScores {
+    /// Subtask rewards, free greedy decoding, one cluster per instance.
+    pub free: Vec<Vec<f64>>,
+    /// Subtask rewards, constrained greedy decoding (when measured).
+    pub constrained: Option<Vec<Vec<f64>>>,
+    /// Sampled subtask rewards (when measured).
+    pub sampled: Option<Vec<Vec<f64>>>,
+    /// Agentless pipeline outcomes per instance: `file`, `function`, `line`, `edit` hits and
+    /// `resolved`.
+    pub hits: BTreeMap<String, Vec<bool>>,
 }
 
 /// What a run produced.
@@ -72,8 +96,10 @@ pub struct ReproSummary {
     pub rl: Vec<RlMetrics>,
     /// Seconds per phase.
     pub seconds: BTreeMap<String, f64>,
-    /// Training and held-out instances.
-    pub instances: (usize, usize),
+    /// Training, dev and test instances.
+    pub instances: (usize, usize, usize),
+    /// Every stage-to-stage delta on the test split, with intervals and tests.
+    pub deltas: Vec<Delta>,
 }
 
 struct Status {
@@ -187,7 +213,7 @@ fn subtask_rewards<B: Backend>(
     cfg: &ReproConfig,
     constrain: bool,
     samples: usize,
-) -> anyhow::Result<(BTreeMap<String, f64>, BTreeMap<String, usize>)> {
+) -> anyhow::Result<RewardEval> {
     let mut reqs = Vec::new();
     let mut which = Vec::new();
     for (i, r) in recs.iter().enumerate() {
@@ -238,6 +264,8 @@ fn subtask_rewards<B: Backend>(
         sums.entry(r.subtask.name().into()).or_default().1 += samples.max(1);
     }
     let mut zeros: BTreeMap<String, usize> = BTreeMap::new();
+    // Per record: the mean over its responses (0 for a prompt too long to answer).
+    let mut per_record = vec![0.0f64; recs.len()];
     for (o, &i) in outs.iter().zip(&which) {
         let r = &recs[i];
         let sc = r.reward(&o.text, cfg.stage2.edit_reward);
@@ -245,12 +273,27 @@ fn subtask_rewards<B: Backend>(
             *zeros.entry(zero_reason_name(z).to_string()).or_default() += 1;
         }
         sums.entry(r.subtask.name().into()).or_default().0 += sc.reward;
+        per_record[i] += sc.reward / samples.max(1) as f64;
     }
     let means = sums
         .into_iter()
         .map(|(k, (s, n))| (k, s / n.max(1) as f64))
         .collect();
-    Ok((means, zeros))
+    Ok(RewardEval {
+        means,
+        zeros,
+        clusters: clusters(recs, &per_record),
+    })
+}
+
+/// Subtask rewards of one checkpoint under one decoding.
+struct RewardEval {
+    /// Mean reward per subtask.
+    means: BTreeMap<String, f64>,
+    /// Why answers scored zero.
+    zeros: BTreeMap<String, usize>,
+    /// Per-instance clusters of per-record scores (for the paired bootstrap).
+    clusters: Vec<Vec<f64>>,
 }
 
 /// A markdown table of per-subtask mean rewards and their mean, one row per stage.
@@ -321,25 +364,26 @@ pub fn run_repro<B: Backend>(
         &data,
         &|k| status.detail(format!("data: {k}/{} instances", cfg.data.instances)),
     )?;
-    let repos: BTreeSet<String> = report.instances.iter().map(|i| i.repo.clone()).collect();
-    let repos: Vec<String> = repos.into_iter().collect();
-    let n_held = ((repos.len() as f64 * cfg.data.heldout_fraction).ceil() as usize)
-        .clamp(1, repos.len().saturating_sub(1).max(1));
-    let held_repos: BTreeSet<&String> = repos.iter().rev().take(n_held).collect();
-    let (held, train): (Vec<Instance>, Vec<Instance>) = report
-        .instances
-        .iter()
-        .cloned()
-        .partition(|i| held_repos.contains(&i.repo));
-    if train.is_empty() || held.is_empty() {
-        anyhow::bail!(
-            "data: {} instances in {} repositories cannot be split into training and held-out sets",
-            report.instances.len(),
-            repos.len()
-        );
-    }
+    let repos: Vec<String> = report.instances.iter().map(|i| i.repo.clone()).collect();
+    let split = split_repos(&repos, cfg.data.heldout_fraction, cfg.data.dev_fraction)
+        .with_context(|| {
+            format!(
+                "data: {} instances in too few repositories for a train and a test split",
+                report.instances.len()
+            )
+        })?;
+    let of = |set: &BTreeSet<String>| -> Vec<Instance> {
+        report
+            .instances
+            .iter()
+            .filter(|i| set.contains(&i.repo))
+            .cloned()
+            .collect()
+    };
+    let (train, dev_set, held) = (of(&split.train), of(&split.dev), of(&split.test));
     write_jsonl(&data.join("train.jsonl"), &train)?;
-    write_jsonl(&data.join("heldout.jsonl"), &held)?;
+    write_jsonl(&data.join("dev.jsonl"), &dev_set)?;
+    write_jsonl(&data.join("test.jsonl"), &held)?;
     let store = RepoStore::new(data.join("repos"));
     let snapshot =
         |i: &Instance| -> anyhow::Result<Snapshot> { Ok(store.snapshot(&i.repo, &i.base_commit)?) };
@@ -365,12 +409,17 @@ pub fn run_repro<B: Backend>(
             });
         }
     }
-    let mut held_records = Vec::new();
-    for inst in &held {
-        let snap = snapshot(inst)?;
-        let gt = ground_truth(&inst.patch, &snap)?;
-        held_records.extend(training_records(inst, &snap, &gt));
-    }
+    let records_of = |set: &[Instance]| -> anyhow::Result<Vec<SubtaskRecord>> {
+        let mut recs = Vec::new();
+        for inst in set {
+            let snap = snapshot(inst)?;
+            let gt = ground_truth(&inst.patch, &snap)?;
+            recs.extend(training_records(inst, &snap, &gt));
+        }
+        Ok(recs)
+    };
+    let held_records = records_of(&held)?;
+    let dev_records = records_of(&dev_set)?;
     seconds.insert("data".to_string(), t.elapsed().as_secs_f64());
 
     // ---- model ----
@@ -468,7 +517,13 @@ pub fn run_repro<B: Backend>(
         temperature: cfg.stage1.teacher_temperature,
     };
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let (kept_idx, acceptance) = rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+    let executed = stage1_execution(cfg, &items, &samples, &train, &data.join("repos"))?;
+    let (kept_idx, acceptance) = rejection_filter_checked(
+        &items,
+        &samples,
+        cfg.stage2.edit_reward,
+        executed.as_deref(),
+    );
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
     for (i, conv) in kept_idx {
@@ -491,7 +546,7 @@ pub fn run_repro<B: Backend>(
         writeln!(
             metrics,
             "{}",
-            serde_json::json!({"stage": "stage1", "subtask": k, "sampled": a.sampled, "passed": a.passed, "kept": a.kept})
+            serde_json::json!({"stage": "stage1", "subtask": k, "sampled": a.sampled, "passed": a.passed, "failed_execution": a.failed_execution, "kept": a.kept})
         )?;
     }
     let s1_data = out.join("stage1_sft.jsonl");
@@ -559,70 +614,31 @@ pub fn run_repro<B: Backend>(
 
     // ---- evaluation ----
     let t = Instant::now();
-    status.phase("evaluation: three checkpoints on the held-out repositories");
+    status.phase("evaluation: three checkpoints on the test repositories");
+    let ctx = EvalCtx {
+        cfg,
+        test: &held,
+        test_records: &held_records,
+        dev_records: &dev_records,
+        repos: &data.join("repos"),
+        out,
+        status: &status,
+    };
     let mut stages = Vec::new();
     for (name, dir) in [("initial", &warm), ("sft", &sft_dir), ("sft+rl", &rl_dir)] {
-        let (model, tok) = load_dir(be, dir)?;
-        let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
-        status.detail(format!("evaluation: {name}: subtask rewards"));
-        let (subtask_reward, zero_reasons) =
-            subtask_rewards(&model, &tok, &held_records, cfg, cfg.eval.constrain, 0)?;
-        let sampled_subtask_reward = if cfg.eval.reward_samples > 0 {
-            status.detail(format!("evaluation: {name}: subtask rewards, sampled"));
-            let k = cfg.eval.reward_samples;
-            subtask_rewards(&model, &tok, &held_records, cfg, cfg.eval.constrain, k)?.0
-        } else {
-            BTreeMap::new()
-        };
-        let sampled_mean_reward = sampled_subtask_reward.values().sum::<f64>()
-            / sampled_subtask_reward.len().max(1) as f64;
-        let (free_subtask_reward, free_zero_reasons) = if cfg.eval.constrain {
-            status.detail(format!(
-                "evaluation: {name}: subtask rewards, free decoding"
-            ));
-            subtask_rewards(&model, &tok, &held_records, cfg, false, 0)?
-        } else {
-            Default::default()
-        };
-        let mean_reward = subtask_reward.values().sum::<f64>() / subtask_reward.len().max(1) as f64;
-        let mut ecfg = cfg.eval.clone();
-        ecfg.seed = cfg.seed;
-        let mut ans = ModelAnswerer {
-            model: &model,
-            tok: &tok,
-            cfg: &ecfg,
-        };
-        let (outcomes, pipeline) =
-            evaluate(&mut ans, &held, &data.join("repos"), &ecfg, &mut |s| {
-                status.detail(format!("evaluation: {name}: {s}"))
-            })?;
-        let preds = out.join(format!("predictions_{}.jsonl", name.replace('+', "_")));
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&preds)?);
-        for o in &outcomes {
-            writeln!(
-                f,
-                "{}",
-                serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch})
-            )?;
-        }
-        f.flush()?;
-        let r = StageResult {
-            stage: name.to_string(),
-            subtask_reward,
-            mean_reward,
-            sampled_subtask_reward,
-            sampled_mean_reward,
-            zero_reasons,
-            free_subtask_reward,
-            free_zero_reasons,
-            pipeline,
-        };
+        let r = evaluate_stage(be, &ctx, name, dir)?;
         let mut v = serde_json::to_value(&r)?;
         v["stage"] = format!("eval:{name}").into();
         writeln!(metrics, "{v}")?;
         stages.push(r);
     }
     seconds.insert("eval".to_string(), t.elapsed().as_secs_f64());
+    let deltas = stage_deltas(&stages, cfg.seed);
+    for d in &deltas {
+        let mut v = serde_json::to_value(d)?;
+        v["stage"] = "delta".into();
+        writeln!(metrics, "{v}")?;
+    }
     metrics.flush()?;
 
     // ---- report ----
@@ -632,11 +648,210 @@ pub fn run_repro<B: Backend>(
         acceptance,
         rl: rl_metrics,
         seconds,
-        instances: (train.len(), held.len()),
+        instances: (train.len(), dev_set.len(), held.len()),
+        deltas,
     };
     write_report(cfg, dev, out, &summary)?;
     status.bar.finish_and_clear();
     Ok(summary)
+}
+
+/// Stage-1 edit acceptance by execution (`stage1.edit_acceptance = "execution"`): which teacher
+/// samples resolve their training instance in the sandbox; `None` with the overlap filter only.
+fn stage1_execution(
+    cfg: &ReproConfig,
+    items: &[TeacherItem<'_>],
+    samples: &[Vec<String>],
+    train: &[Instance],
+    repos: &Path,
+) -> anyhow::Result<Option<Vec<Vec<bool>>>> {
+    if cfg.stage1.edit_acceptance != EditAcceptance::Execution {
+        return Ok(None);
+    }
+    let recs: Vec<&SubtaskRecord> = items.iter().map(|i| i.record).collect();
+    let sb = crate::rft::eval::sandbox_config(cfg.data.test_timeout)
+        .context("stage1.edit_acceptance = \"execution\" needs the sandbox")?;
+    Ok(Some(execution_passes(
+        &recs,
+        samples,
+        train,
+        repos,
+        &sb,
+        cfg.eval.workers,
+    )?))
+}
+
+/// What evaluating a checkpoint needs.
+struct EvalCtx<'a> {
+    cfg: &'a ReproConfig,
+    test: &'a [Instance],
+    test_records: &'a [SubtaskRecord],
+    dev_records: &'a [SubtaskRecord],
+    repos: &'a Path,
+    out: &'a Path,
+    status: &'a Status,
+}
+
+/// One checkpoint on the test split: subtask rewards (free greedy, constrained greedy, sampled),
+/// dev rewards, and the Agentless pipeline (its predictions written beside the report).
+fn evaluate_stage<B: Backend>(
+    be: &B,
+    ctx: &EvalCtx<'_>,
+    name: &str,
+    dir: &Path,
+) -> anyhow::Result<StageResult> {
+    let (cfg, status) = (ctx.cfg, ctx.status);
+    let (model, tok) = load_dir(be, dir)?;
+    let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
+    status.detail(format!(
+        "evaluation: {name}: subtask rewards, free decoding"
+    ));
+    let free = subtask_rewards(&model, &tok, ctx.test_records, cfg, false, 0)?;
+    let constrained = if cfg.eval.constrain {
+        status.detail(format!("evaluation: {name}: subtask rewards, constrained"));
+        Some(subtask_rewards(
+            &model,
+            &tok,
+            ctx.test_records,
+            cfg,
+            true,
+            0,
+        )?)
+    } else {
+        None
+    };
+    let sampled = if cfg.eval.reward_samples > 0 {
+        status.detail(format!("evaluation: {name}: subtask rewards, sampled"));
+        let k = cfg.eval.reward_samples;
+        Some(subtask_rewards(
+            &model,
+            &tok,
+            ctx.test_records,
+            cfg,
+            cfg.eval.constrain,
+            k,
+        )?)
+    } else {
+        None
+    };
+    let dev_subtask_reward = if ctx.dev_records.is_empty() {
+        BTreeMap::new()
+    } else {
+        status.detail(format!("evaluation: {name}: dev subtask rewards"));
+        subtask_rewards(&model, &tok, ctx.dev_records, cfg, false, 0)?.means
+    };
+    let mut ecfg = cfg.eval.clone();
+    ecfg.seed = cfg.seed;
+    let mut ans = ModelAnswerer {
+        model: &model,
+        tok: &tok,
+        cfg: &ecfg,
+    };
+    let (outcomes, pipeline) = evaluate(&mut ans, ctx.test, ctx.repos, &ecfg, &mut |s| {
+        status.detail(format!("evaluation: {name}: {s}"))
+    })?;
+    let preds = ctx
+        .out
+        .join(format!("predictions_{}.jsonl", name.replace('+', "_")));
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(&preds).with_context(|| preds.display().to_string())?,
+    );
+    for o in &outcomes {
+        writeln!(
+            f,
+            "{}",
+            serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch})
+        )?;
+    }
+    f.flush()?;
+    let mut hits: BTreeMap<String, Vec<bool>> = BTreeMap::new();
+    for st in Subtask::ALL {
+        hits.insert(
+            st.name().to_string(),
+            outcomes
+                .iter()
+                .map(|o| o.rewards.get(st.name()).is_some_and(|&r| r > 0.0))
+                .collect(),
+        );
+    }
+    hits.insert(
+        "resolved".to_string(),
+        outcomes.iter().map(|o| o.resolved).collect(),
+    );
+    let mean = |m: &BTreeMap<String, f64>| m.values().sum::<f64>() / m.len().max(1) as f64;
+    let (sampled_subtask_reward, sampled_clusters) = match sampled {
+        Some(s) => (s.means, Some(s.clusters)),
+        None => (BTreeMap::new(), None),
+    };
+    let (constrained_subtask_reward, constrained_zero_reasons, constrained_clusters) =
+        match constrained {
+            Some(c) => (c.means, c.zeros, Some(c.clusters)),
+            None => (BTreeMap::new(), BTreeMap::new(), None),
+        };
+    Ok(StageResult {
+        stage: name.to_string(),
+        mean_reward: mean(&free.means),
+        subtask_reward: free.means,
+        zero_reasons: free.zeros,
+        constrained_subtask_reward,
+        constrained_zero_reasons,
+        sampled_mean_reward: mean(&sampled_subtask_reward),
+        sampled_subtask_reward,
+        dev_subtask_reward,
+        pipeline,
+        scores: StageScores {
+            free: free.clusters,
+            constrained: constrained_clusters,
+            sampled: sampled_clusters,
+            hits,
+        },
+    })
+}
+
+/// Every stage-to-stage delta on the test split: subtask rewards (free greedy first, the primary
+/// metric; constrained; sampled) with paired cluster bootstrap intervals, then the Agentless
+/// pipeline's hit rates and %Resolved with McNemar's test.
+fn stage_deltas(stages: &[StageResult], seed: u64) -> Vec<Delta> {
+    let seed = random_u64(seed, 0xb007, 0);
+    let mut out = Vec::new();
+    let metric = |f: &dyn Fn(&StageScores) -> Option<&Vec<Vec<f64>>>| -> Vec<(&str, Option<&Vec<Vec<f64>>>)> {
+        stages
+            .iter()
+            .map(|s| (s.stage.as_str(), f(&s.scores)))
+            .collect()
+    };
+    out.extend(cluster_deltas(
+        "subtask reward (free, greedy)",
+        &metric(&|s| Some(&s.free)),
+        seed,
+    ));
+    out.extend(cluster_deltas(
+        "subtask reward (constrained, greedy)",
+        &metric(&|s| s.constrained.as_ref()),
+        seed,
+    ));
+    out.extend(cluster_deltas(
+        "subtask reward (sampled)",
+        &metric(&|s| s.sampled.as_ref()),
+        seed,
+    ));
+    let mut keys: Vec<String> = Subtask::ALL.iter().map(|s| s.name().to_string()).collect();
+    keys.push("resolved".to_string());
+    for k in keys {
+        let per: Option<Vec<(&str, &Vec<bool>)>> = stages
+            .iter()
+            .map(|s| s.scores.hits.get(&k).map(|h| (s.stage.as_str(), h)))
+            .collect();
+        if let Some(per) = per {
+            let name = if k == "resolved" {
+                "pipeline %Resolved".to_string()
+            } else {
+                format!("pipeline {k} hit")
+            };
+            out.extend(binary_deltas(&name, &per, seed));
+        }
+    }
+    out
 }
 
 fn write_report(
@@ -715,7 +930,7 @@ fn write_report(
     write_text(
         &out.join("hit_rates.svg"),
         &bar_chart(
-            "Held-out hit rates per stage (Agentless chain)",
+            "Test hit rates per stage (Agentless chain)",
             "% of instances",
             &cats,
             &groups,
@@ -734,7 +949,7 @@ fn write_report(
     write_text(
         &out.join("subtask_rewards.svg"),
         &bar_chart(
-            "Held-out mean subtask reward per stage",
+            "Test mean subtask reward per stage (free decoding)",
             "reward",
             &cats,
             &groups,
@@ -745,17 +960,17 @@ fn write_report(
     let mut md = String::new();
     md.push_str("# sorft repro report\n\n");
     md.push_str(&format!(
-        "Seed {}, model: {}, {} training and {} held-out instances (split by repository), stage 2: {:?}, {} steps.\n\n",
+        "Seed {}, model: {}, {} training, {} dev and {} test instances (split by repository; tune on dev, results on test), stage 2: {:?}, {} steps.\n\n",
         cfg.seed,
         if cfg.model.base.is_empty() {
             format!("new {:?} preset", cfg.model.preset)
         } else {
             cfg.model.base.clone()
-        }, s.instances.0, s.instances.1, cfg.stage2.algorithm, cfg.stage2.steps
+        }, s.instances.0, s.instances.1, s.instances.2, cfg.stage2.algorithm, cfg.stage2.steps
     ));
     md.push_str(&format!("Device: {}.\n\n", dev.summary()));
     md.push_str(&format!(
-        "Decoding: {}.\n\n",
+        "Decoding: subtask rewards are reported with free decoding first (the primary metric); the Agentless pipeline and the constrained rows use: {}.\n\n",
         match (cfg.eval.constrain, cfg.eval.ground, cfg.eval.faithful) {
             (false, _, _) => "free (answers not constrained)",
             (true, false, _) => "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); the chain of thought is free",
@@ -763,22 +978,40 @@ fn write_report(
             (true, true, true) => "answers constrained to what each prompt showed (paths, definitions, line numbers, SEARCH lines); quotes in localization thoughts must copy the prompt, and a localization answer may only name what its thought quoted (when the thought quoted any shown target)",
         }
     ));
-    md.push_str("## Held-out results (Agentless pipeline, end to end)\n\n| stage | file hit % | function hit % | line hit % | edit hit % | %Applied | %Resolved |\n|---|---|---|---|---|---|---|\n");
+    md.push_str(
+        "## Test mean subtask reward (ground-truth prompts, free decoding, greedy; primary)\n",
+    );
+    reward_table(&mut md, &s.stages, |r| &r.subtask_reward);
+    md.push_str(
+        "\n## Stage-to-stage deltas on the test split\n\nPaired cluster bootstrap 95% intervals (",
+    );
+    md.push_str(&format!(
+        "{} resamples of whole instances with all their subtasks); McNemar's exact test for the pipeline's hit rates and %Resolved.\n\n",
+        crate::pipeline::compare::RESAMPLES
+    ));
+    md.push_str(&delta_section(&s.deltas));
+    md.push_str("\n## Test results (Agentless pipeline, end to end)\n\nThe edit hit is the selected patch's; edit hit@n is an oracle (the best of the samples).\n\n| stage | file hit % | function hit % | line hit % | edit hit % | edit hit@n % | %Applied | %Resolved |\n|---|---|---|---|---|---|---|---|\n");
     for r in &s.stages {
         let h = |k: &str| r.pipeline.hit_rate.get(k).copied().unwrap_or(0.0);
         md.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
             r.stage,
             h("file"),
             h("function"),
             h("line"),
             h("edit"),
+            h(crate::rft::eval::ORACLE_EDIT),
             r.pipeline.applied_pct,
             r.pipeline.resolved_pct
         ));
     }
-    md.push_str("\n## Held-out mean subtask reward (ground-truth prompts, greedy)\n");
-    reward_table(&mut md, &s.stages, |r| &r.subtask_reward);
+    if s.stages
+        .iter()
+        .any(|r| !r.constrained_subtask_reward.is_empty())
+    {
+        md.push_str("\n## Test mean subtask reward, grammar-constrained decoding (greedy)\n");
+        reward_table(&mut md, &s.stages, |r| &r.constrained_subtask_reward);
+    }
     if s.stages
         .iter()
         .any(|r| !r.sampled_subtask_reward.is_empty())
@@ -789,13 +1022,11 @@ fn write_report(
         ));
         reward_table(&mut md, &s.stages, |r| &r.sampled_subtask_reward);
     }
-    if s.stages.iter().any(|r| !r.free_subtask_reward.is_empty()) {
-        md.push_str(
-            "\nThe same with free decoding (answers not constrained to what the prompt showed):\n",
-        );
-        reward_table(&mut md, &s.stages, |r| &r.free_subtask_reward);
+    if s.stages.iter().any(|r| !r.dev_subtask_reward.is_empty()) {
+        md.push_str("\nDev split (free, greedy; the numbers to tune on):\n");
+        reward_table(&mut md, &s.stages, |r| &r.dev_subtask_reward);
     }
-    md.push_str("\nWhy held-out answers scored zero (counts over all subtasks):\n\n");
+    md.push_str("\nWhy test answers scored zero (counts over all subtasks):\n\n");
     for r in &s.stages {
         let z: Vec<String> = r
             .zero_reasons
@@ -803,7 +1034,7 @@ fn write_report(
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
         let free: Vec<String> = r
-            .free_zero_reasons
+            .constrained_zero_reasons
             .iter()
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
@@ -818,15 +1049,21 @@ fn write_report(
             if free.is_empty() {
                 String::new()
             } else {
-                format!(" (free decoding: {})", free.join(", "))
+                format!(" (constrained decoding: {})", free.join(", "))
             }
         ));
     }
-    md.push_str("\n## Stage 1 rejection sampling\n\n| subtask | sampled | passed | kept |\n|---|---|---|---|\n");
+    md.push_str(&format!(
+        "\n## Stage 1 rejection sampling\n\nEdit acceptance: {}.\n\n| subtask | sampled | passed | failed execution | kept |\n|---|---|---|---|---|\n",
+        match cfg.stage1.edit_acceptance {
+            EditAcceptance::Execution => "positive rule reward and the patch resolves the training instance in the sandbox (FAIL_TO_PASS pass, PASS_TO_PASS kept)",
+            EditAcceptance::Overlap => "positive rule reward (applies and touches a ground-truth line; SoRFT's filter)",
+        }
+    ));
     for (k, a) in &s.acceptance {
         md.push_str(&format!(
-            "| {k} | {} | {} | {} |\n",
-            a.sampled, a.passed, a.kept
+            "| {k} | {} | {} | {} | {} |\n",
+            a.sampled, a.passed, a.failed_execution, a.kept
         ));
     }
     md.push_str("\n## Stage 2 (per step)\n\n| step | reward | kl | entropy | clip frac | response len | updated seqs | rollout s | reward s | train s |\n|---|---|---|---|---|---|---|---|---|---|\n");

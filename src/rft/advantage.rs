@@ -104,9 +104,67 @@ pub fn leave_one_out(rewards: &[f32], groups: &[usize]) -> Vec<f32> {
         .collect()
 }
 
+/// Group-relative sequence advantages of the members `live` that enter the update.
+///
+/// The group statistics use every member of a group (`scores` and `groups` cover all rollouts,
+/// including those left out of the update, e.g. empty responses), so a group's baseline does not
+/// depend on which members happened to be trainable. GRPO: normalised by the group's mean and
+/// std. RLOO (`leave_one_out`): each member's KL penalty (`kl_coef * kl_sums[k]`, `kl_sums`
+/// per live member; 0 for members left out) is folded into its score *before* the leave-one-out
+/// baseline, so the penalty is baselined like the reward.
+pub fn group_advantages(
+    scores: &[f32],
+    groups: &[usize],
+    live: &[usize],
+    leave_one_out_baseline: bool,
+    kl_sums: &[f32],
+    kl_coef: f32,
+) -> Vec<f32> {
+    let all = if leave_one_out_baseline {
+        let mut shaped = scores.to_vec();
+        for (&i, &k) in live.iter().zip(kl_sums) {
+            if let Some(s) = shaped.get_mut(i) {
+                *s -= kl_coef * k;
+            }
+        }
+        leave_one_out(&shaped, groups)
+    } else {
+        group_normalised(scores, groups, true)
+    };
+    live.iter()
+        .map(|&i| all.get(i).copied().unwrap_or(0.0))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_statistics_keep_members_left_out_of_the_update() {
+        // Group 0: two answers scored 1, one empty answer (left out) scored 0.
+        let scores = [1.0, 1.0, 0.0];
+        let groups = [0, 0, 0];
+        let live = [0, 1];
+        let g = group_advantages(&scores, &groups, &live, false, &[0.0, 0.0], 0.0);
+        assert_eq!(g.len(), 2);
+        assert!(g.iter().all(|&a| a > 0.5), "{g:?}");
+        let r = group_advantages(&scores, &groups, &live, true, &[0.0, 0.0], 0.0);
+        assert!(r.iter().all(|&a| (a - 0.5).abs() < 1e-6), "{r:?}");
+    }
+
+    #[test]
+    fn the_rloo_kl_penalty_is_baselined() {
+        // Same score, different KL: the penalty only moves the members relative to each other.
+        let scores = [1.0, 1.0];
+        let groups = [0, 0];
+        let r = group_advantages(&scores, &groups, &[0, 1], true, &[2.0, 0.0], 0.1);
+        assert!(
+            (r[0] + 0.2).abs() < 1e-6 && (r[1] - 0.2).abs() < 1e-6,
+            "{r:?}"
+        );
+        assert!((r.iter().sum::<f32>()).abs() < 1e-6);
+    }
 
     #[test]
     fn gae_matches_hand_computation() {

@@ -1,5 +1,6 @@
 //! Reinforcement fine-tuning: advantages, KL estimators, the PPO / GRPO / RLOO objectives.
 
+pub mod accept;
 pub mod advantage;
 pub mod eval;
 pub mod kl;

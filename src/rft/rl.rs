@@ -23,7 +23,7 @@ use crate::model::chat::{self, Message};
 use crate::model::constraint::TokenSet;
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::{Model, Tokenizer};
-use crate::rft::advantage::{gae, group_normalised, leave_one_out, shaped_rewards, whiten};
+use crate::rft::advantage::{gae, group_advantages, shaped_rewards, whiten};
 use crate::rft::kl::KlEstimator;
 use crate::rft::monitor::features::{self as health, Health};
 use crate::rft::monitor::inject::Injection;
@@ -712,30 +712,26 @@ impl<B: Backend> RlTrainer<B> {
         m.health.kl_k3 = health::kl_k3(&kl_tok.concat());
         let ntok: usize = old.iter().map(Vec::len).sum();
         m.kl = kl_tok.iter().flatten().map(|&x| x as f64).sum::<f64>() / ntok.max(1) as f64;
-        let groups: Vec<usize> = live.iter().map(|&i| rolls[i].group).collect();
         let live_scores: Vec<f32> = live.iter().map(|&i| rolls[i].score).collect();
         let (mut adv, returns): (Vec<Vec<f32>>, Vec<Vec<f32>>) = match cfg.algorithm {
-            Algorithm::Grpo => {
-                let a = group_normalised(&live_scores, &groups, true);
+            Algorithm::Grpo | Algorithm::Rloo => {
+                // Group statistics over every member (also those left out of the update); RLOO
+                // folds the KL penalty into the score before its leave-one-out baseline.
+                let all_scores: Vec<f32> = rolls.iter().map(|r| r.score).collect();
+                let all_groups: Vec<usize> = rolls.iter().map(|r| r.group).collect();
+                let kl_sums: Vec<f32> = kl_tok.iter().map(|k| k.iter().sum()).collect();
+                let a = group_advantages(
+                    &all_scores,
+                    &all_groups,
+                    &live,
+                    cfg.algorithm == Algorithm::Rloo,
+                    &kl_sums,
+                    cfg.kl_coef,
+                );
                 (
                     old.iter()
                         .zip(&a)
                         .map(|(lp, &x)| vec![x; lp.len()])
-                        .collect(),
-                    Vec::new(),
-                )
-            }
-            Algorithm::Rloo => {
-                let a = leave_one_out(&live_scores, &groups);
-                // KL penalty folded into the sequence score.
-                (
-                    old.iter()
-                        .zip(&a)
-                        .zip(&kl_tok)
-                        .map(|((lp, &x), k)| {
-                            let pen = cfg.kl_coef * k.iter().sum::<f32>();
-                            vec![x - pen; lp.len()]
-                        })
                         .collect(),
                     Vec::new(),
                 )
@@ -792,7 +788,13 @@ impl<B: Backend> RlTrainer<B> {
                 let batch = pack_restricted(&mb_seqs, &mb_restrict)?;
                 let fwd = forward(policy, None, &batch, fopts)?;
                 let logp_rows = be.to_host_f32(&fwd.logp)?;
-                let ent_rows = be.to_host_f32(&fwd.entropy)?;
+                let mut ent_rows = be.to_host_f32(&fwd.entropy)?;
+                // Restricted rows were sampled from the renormalised distribution: log its entropy.
+                for &(r, h) in &fwd.restricted_entropy {
+                    if let Some(e) = ent_rows.get_mut(r as usize) {
+                        *e = h;
+                    }
+                }
                 // Gather response-token rows in order.
                 let mut rows = Vec::new();
                 for s in 0..mb.len() {

@@ -16,7 +16,8 @@ pub struct Candidate {
 }
 
 /// A form of the patch that ignores what does not change behaviour: hunk positions, context
-/// lines, trailing whitespace and blank added or removed lines.
+/// lines, Python comments, runs of whitespace inside a line (indentation is kept), and blank (or
+/// comment-only) added or removed lines.
 pub fn normalize_patch(patch: &str) -> String {
     let mut out = String::new();
     for line in patch.lines() {
@@ -24,22 +25,61 @@ pub fn normalize_patch(patch: &str) -> String {
             out.push_str(line.trim_end());
             out.push('\n');
         } else if let Some(rest) = line.strip_prefix('+').or_else(|| line.strip_prefix('-')) {
-            if rest.trim().is_empty() {
+            let code = strip_comment(rest);
+            if code.trim().is_empty() {
                 continue;
             }
+            let indent = &code[..code.len() - code.trim_start().len()];
             out.push_str(&line[..1]);
-            out.push_str(rest.trim_end());
+            out.push_str(indent);
+            out.push_str(&code.split_whitespace().collect::<Vec<_>>().join(" "));
             out.push('\n');
         }
     }
     out
 }
 
-/// Whether a patch adds or removes any non-blank line.
+/// A Python line without its comment (a `#` outside string quotes starts one).
+fn strip_comment(line: &str) -> &str {
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match (quote, c) {
+            (Some(_), '\\') => escaped = true,
+            (Some(q), c) if c == q => quote = None,
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '#') => return &line[..i],
+            _ => {}
+        }
+    }
+    line
+}
+
+/// Whether a patch adds or removes any line of code (blank and comment-only lines do not count).
 pub fn changes_something(patch: &str) -> bool {
-    normalize_patch(patch)
-        .lines()
-        .any(|l| !l.starts_with("+++ ") && !l.starts_with("--- "))
+    // Per file, the normalised removed lines against the added ones: an edit that only reflows
+    // whitespace or adds a comment removes and adds the same code.
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let mut changed = false;
+    for l in normalize_patch(patch).lines() {
+        if l.starts_with("+++ ") {
+            continue;
+        }
+        if l.starts_with("--- ") {
+            changed |= removed != added;
+            removed.clear();
+            added.clear();
+        } else if let Some(r) = l.strip_prefix('-') {
+            removed.push(r.to_string());
+        } else if let Some(a) = l.strip_prefix('+') {
+            added.push(a.to_string());
+        }
+    }
+    changed || removed != added
 }
 
 /// The index of the chosen candidate, or `None` when no candidate applied with a change.
@@ -70,6 +110,28 @@ pub fn select(cands: &[Candidate]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comments_and_spacing_do_not_split_the_vote() {
+        let a = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return a+b\n+    return a - b\n";
+        let b =
+            "--- a/m.py\n+++ b/m.py\n@@ -3 +3 @@\n-    return a+b\n+    return a  -  b   # fixed\n";
+        assert_eq!(normalize_patch(a), normalize_patch(b));
+        // A '#' inside a string is code, not a comment.
+        let c = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    s = '#'\n+    s = '# x'\n";
+        assert!(
+            normalize_patch(c).contains("'# x'"),
+            "{}",
+            normalize_patch(c)
+        );
+        // Indentation still counts.
+        let d = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return a+b\n+return a - b\n";
+        assert_ne!(normalize_patch(a), normalize_patch(d));
+        // An edit that only adds a comment changes nothing.
+        let e = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    x = 1\n+    x = 1  # reviewed\n";
+        assert!(!changes_something(e));
+        assert!(changes_something(a));
+    }
 
     fn cand(patch: &str, applied: bool, failing: Option<usize>) -> Candidate {
         Candidate {

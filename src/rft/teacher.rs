@@ -73,6 +73,21 @@ fn pick(rng: &mut SplitMix, scores: &[f64], temperature: f64) -> usize {
     w.len().saturating_sub(1)
 }
 
+/// The built-in teacher's answer to an edit prompt where no shown line has a change it can
+/// justify: it says so, with no edit block (a refusal scores zero and is never SFT data).
+pub const CANNOT_FIX: &str =
+    "<think>No line shown here has a change I can justify from the issue; I cannot fix it.</think>";
+
+/// The single-operator changes the teacher knows for `line` (each differs from it).
+fn mutations_of(line: &str) -> Vec<String> {
+    INVERSE_MUTATIONS
+        .iter()
+        .filter(|(a, _)| line.contains(a))
+        .map(|(a, b)| line.replacen(a, b, 1))
+        .filter(|n| n != line)
+        .collect()
+}
+
 /// The built-in teacher for the embedded default.
 #[derive(Clone, Debug)]
 pub struct BuiltinTeacher {
@@ -349,6 +364,14 @@ impl BuiltinTeacher {
                         cands.push((w.path.clone(), w.start_line + k, line.to_string(), s));
                     }
                 }
+                if r.subtask == Subtask::Edit {
+                    // Only lines the teacher knows a change for: it never proposes an edit that
+                    // changes nothing (or only a comment).
+                    cands.retain(|c| !mutations_of(&c.2).is_empty());
+                    if cands.is_empty() {
+                        return CANNOT_FIX.into();
+                    }
+                }
                 if cands.is_empty() {
                     return "<think>No code shown.</think>\n```\n```".into();
                 }
@@ -360,16 +383,9 @@ impl BuiltinTeacher {
                         line.trim()
                     );
                 }
-                let options: Vec<String> = INVERSE_MUTATIONS
-                    .iter()
-                    .filter(|(a, _)| line.contains(a))
-                    .map(|(a, b)| line.replacen(a, b, 1))
-                    .filter(|n| n != &line)
-                    .collect();
-                let new = if options.is_empty() {
-                    format!("{line}  # reviewed")
-                } else {
-                    options[rng.below(options.len() as u64) as usize].clone()
+                let options = mutations_of(&line);
+                let Some(new) = options.get(rng.below(options.len().max(1) as u64) as usize) else {
+                    return CANNOT_FIX.into();
                 };
                 format!(
                     "<think>Line {line_no} of {path} computes the value the issue complains about; changing `{}` to `{}` gives the expected behaviour.</think>\n```python\n### {path}\n<<<<<<< SEARCH\n{line}\n=======\n{new}\n>>>>>>> REPLACE\n```",
@@ -511,8 +527,11 @@ impl Teacher for EndpointTeacher {
 pub struct Acceptance {
     /// Samples seen.
     pub sampled: usize,
-    /// Samples whose answer agreed with ground truth.
+    /// Samples whose answer agreed with ground truth (and, where execution was checked, passed it).
     pub passed: usize,
+    /// Samples that agreed with ground truth but failed execution (stage-1 edits: the patch did not
+    /// resolve the instance in the sandbox).
+    pub failed_execution: usize,
     /// Accepted after removing duplicates.
     pub kept: usize,
 }
@@ -538,6 +557,17 @@ pub fn rejection_filter_indexed(
     samples: &[Vec<String>],
     edit_reward: crate::swe::subtask::EditReward,
 ) -> IndexedKept {
+    rejection_filter_checked(items, samples, edit_reward, None)
+}
+
+/// As [`rejection_filter_indexed`], a sample also needing `executed[i][k]` (e.g. from
+/// [`crate::rft::accept::execution_passes`]) when given.
+pub fn rejection_filter_checked(
+    items: &[TeacherItem<'_>],
+    samples: &[Vec<String>],
+    edit_reward: crate::swe::subtask::EditReward,
+    executed: Option<&[Vec<bool>]>,
+) -> IndexedKept {
     let mut kept = Vec::new();
     let mut stats: BTreeMap<String, Acceptance> = BTreeMap::new();
     for (i, (item, outs)) in items.iter().zip(samples).enumerate() {
@@ -545,10 +575,16 @@ pub fn rejection_filter_indexed(
             .entry(item.record.subtask.name().to_string())
             .or_default();
         let mut seen = BTreeSet::new();
-        for text in outs {
+        for (k, text) in outs.iter().enumerate() {
             st.sampled += 1;
             let r = item.record.reward(text, edit_reward);
             if r.reward <= 0.0 {
+                continue;
+            }
+            let ran =
+                executed.is_none_or(|e| e.get(i).and_then(|v| v.get(k)).copied() == Some(true));
+            if !ran {
+                st.failed_execution += 1;
                 continue;
             }
             st.passed += 1;

@@ -215,6 +215,9 @@ pub struct Forward<B: Backend> {
     pub opts: ForwardOptions,
     /// The batch's restricted rows (their `logp` is the restricted log-probability).
     pub restricted: Option<Restricted>,
+    /// `(row, entropy)` of the restricted rows' renormalised distributions (`entropy` holds the
+    /// full softmax's for every row; its gradient is the full one's).
+    pub restricted_entropy: Vec<(u32, f32)>,
 }
 
 impl<B: Backend> Forward<B> {
@@ -378,11 +381,13 @@ pub fn forward<B: Backend>(
     let scaled = tempered(be, &h_final, opts.temperature)?;
     let hin = scaled.as_ref().unwrap_or(&h_final);
     let (mut logp, entropy) = be.token_logprobs(hin, model.head(), &db.targets, opts.chunk_rows)?;
+    let mut restricted_entropy = Vec::new();
     let restricted = if batch.restricted.is_empty() {
         None
     } else {
         let r = Restricted::new(&batch.restricted, &batch.targets, model.head().shape()[0])?;
-        let lp = r.logprobs(be, hin, model.head())?;
+        let (lp, ent) = r.logprobs(be, hin, model.head())?;
+        restricted_entropy = r.rows.iter().copied().zip(ent).collect();
         let mut host = be.to_host_f32(&logp)?;
         for (&row, &v) in r.rows.iter().zip(&lp) {
             host[row as usize] = v;
@@ -400,5 +405,6 @@ pub fn forward<B: Backend>(
         entropy,
         opts,
         restricted,
+        restricted_entropy,
     })
 }

@@ -92,15 +92,17 @@ impl Restricted {
         Ok((rows, hs, host))
     }
 
-    /// The restricted log-probability of each row's target.
+    /// The restricted log-probability of each row's target, and the entropy of each row's
+    /// restricted distribution (the one constrained decoding sampled from).
     pub fn logprobs<B: Backend>(
         &self,
         be: &B,
         h: &Tensor<B>,
         head: &Tensor<B>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let v = head.shape()[0];
         let mut out = Vec::with_capacity(self.rows.len());
+        let mut ent = Vec::with_capacity(self.rows.len());
         for a in (0..self.rows.len()).step_by(CHUNK) {
             let z = (a + CHUNK).min(self.rows.len());
             let (_, _, host) = self.logits(be, h, head, a, z)?;
@@ -108,9 +110,19 @@ impl Restricted {
                 let row = &host[(k - a) * v..(k - a + 1) * v];
                 let lse = set_lse(row, &self.sets[k]);
                 out.push((row[self.targets[k] as usize] as f64 - lse) as f32);
+                let h: f64 = row
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| self.sets[k].contains(i as u32))
+                    .map(|(_, &x)| {
+                        let lp = x as f64 - lse;
+                        -lp * lp.exp()
+                    })
+                    .sum();
+                ent.push(h as f32);
             }
         }
-        Ok(out)
+        Ok((out, ent))
     }
 
     /// Backward for `dL/dlogp_c = g[k]` per restricted row: adds the head gradient to `dhead`
