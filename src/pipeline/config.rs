@@ -90,6 +90,9 @@ pub struct Stage1Config {
     /// only renamed copies are trained on, so copying the name from the prompt is the only way
     /// to name a file right.
     pub keep_originals: bool,
+    /// FailForge after the rejection filter: diagnose the prompts whose samples all failed, retry
+    /// them with a skill, add the successes with the skill removed (knobs in `[failforge]`).
+    pub failforge: bool,
 }
 
 impl Default for Stage1Config {
@@ -103,6 +106,7 @@ impl Default for Stage1Config {
             max_len: 2048,
             renames: 2,
             keep_originals: false,
+            failforge: false,
         }
     }
 }
@@ -127,6 +131,8 @@ pub struct ReproConfig {
     pub stage2: RlConfig,
     /// Evaluation.
     pub eval: EvalConfig,
+    /// FailForge (used when `stage1.failforge` is on, and by `sorft failforge`).
+    pub failforge: crate::rft::failforge::FailForgeConfig,
 }
 
 impl Default for ReproConfig {
@@ -155,6 +161,7 @@ impl Default for ReproConfig {
                 reward_samples: 2,
                 ..EvalConfig::default()
             },
+            failforge: Default::default(),
         }
     }
 }

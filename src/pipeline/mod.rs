@@ -2,5 +2,6 @@
 
 pub mod augment;
 pub mod config;
+pub mod failforge;
 pub mod plot;
 pub mod repro;

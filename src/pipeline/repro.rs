@@ -468,7 +468,15 @@ pub fn run_repro<B: Backend>(
         temperature: cfg.stage1.teacher_temperature,
     };
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let (kept_idx, acceptance) = rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+    let (mut kept_idx, acceptance) =
+        rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+    let failforge_md = if cfg.stage1.failforge {
+        let (recovered, md) = crate::pipeline::failforge::repro_stage(cfg, &items, &samples, out)?;
+        kept_idx.extend(recovered);
+        md
+    } else {
+        String::new()
+    };
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
     for (i, conv) in kept_idx {
@@ -635,6 +643,7 @@ pub fn run_repro<B: Backend>(
         instances: (train.len(), held.len()),
     };
     write_report(cfg, dev, out, &summary)?;
+    crate::pipeline::failforge::append_to_report(out, &failforge_md)?;
     status.bar.finish_and_clear();
     Ok(summary)
 }

@@ -2,6 +2,7 @@
 
 pub mod advantage;
 pub mod eval;
+pub mod failforge;
 pub mod kl;
 pub mod monitor;
 pub mod openai;
