@@ -327,7 +327,8 @@ pub fn parse_reply(reply: &str, name: &str, max_words: usize) -> Option<Diagnosi
         reply.lines().find_map(|l| {
             let t = l.trim().trim_start_matches(['*', '-', ' ']);
             let (k, v) = t.split_once(':')?;
-            (k.trim().trim_matches('*').eq_ignore_ascii_case(key)).then(|| v.trim().to_string())
+            (k.trim().trim_matches('*').eq_ignore_ascii_case(key))
+                .then(|| v.trim().trim_start_matches(['*', ' ']).to_string())
         })
     };
     let skill = clip_words(&field("skill")?, max_words);
@@ -382,5 +383,89 @@ impl Diagnoser for TeacherDiagnoser<'_> {
             .chain(std::iter::repeat(None))
             .take(cases.len())
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rft::failforge::fixtures::{edit_answer, failure, line_answer, record};
+    use crate::rft::failforge::leakage::{find_leak, LeakKind};
+
+    const PLAIN: &str = "Scaling gives the wrong number.\nExpected 9, got 6.";
+
+    fn diagnose(subtask: Subtask, problem: &str, answers: &[&str]) -> Diagnosis {
+        let rec = record(subtask, "i1");
+        let f = failure(&rec, problem, answers);
+        let case = Case {
+            failure: &f,
+            item: TeacherItem {
+                record: &rec,
+                problem,
+            },
+        };
+        let mut d = RuleDiagnoser.diagnose(&[case], 24, 0).unwrap();
+        d.remove(0).unwrap()
+    }
+
+    #[test]
+    fn each_rule_fires_on_its_failure() {
+        let file = |p: &str| format!("<think>t</think>\n```\n{p}\n```");
+        let tb = "Crash:\nTraceback (most recent call last):\n  File \"/usr/lib/python3.11/runpy.py\", line 1, in run\n  File \"/home/u/acme/pkg/core.py\", line 3, in scale\nValueError";
+        let imp = "Wrong result:\n```python\nfrom pkg import core\ncore.scale(4)\n```";
+        let calls = "Calling helper2(3) gives the wrong number.";
+        let e = |s: &str, r: &str| edit_answer("pkg/core.py", s, r);
+        let cases: Vec<(Subtask, &str, Vec<String>, &str)> = vec![
+            (Subtask::File, PLAIN, vec!["I have no idea.".into()], "format"),
+            (Subtask::File, PLAIN, vec![file("pkg/nothere.py")], "invented_target"),
+            (Subtask::Edit, PLAIN, vec![edit_answer("pkg/other.py", "    y = x + 1", "    y = x")], "unknown_file"),
+            (Subtask::Edit, PLAIN, vec![e("    return z", "    return y")], "search_not_found"),
+            (Subtask::Edit, PLAIN, vec![e("    y = x + 1", "    y = x + 1  # reviewed")], "no_op_edit"),
+            (Subtask::File, tb, vec![file("tests/test_core.py")], "test_file"),
+            (Subtask::Function, imp, vec!["```\npkg/core.py\nclass: Parser\n```".into()], "class_not_method"),
+            (Subtask::Line, PLAIN, vec![line_answer(1)], "non_code_line"),
+            (Subtask::File, tb, vec![file("pkg/util.py")], "traceback"),
+            (Subtask::File, imp, vec![file("pkg/util.py")], "import"),
+            (Subtask::Function, calls, vec!["```\npkg/core.py\nfunction: helper\n```".into()], "call"),
+            (Subtask::Line, PLAIN, vec![line_answer(2)], "wrong_expression"),
+            (Subtask::Edit, PLAIN, vec![e("    y = x + 1", "    y = x - 1")], "wrong_expression"),
+            (Subtask::File, PLAIN, vec![file("pkg/util.py")], "reread_issue"),
+        ];
+        let mut fired = std::collections::BTreeSet::new();
+        for (st, problem, answers, want) in cases {
+            let refs: Vec<&str> = answers.iter().map(String::as_str).collect();
+            let d = diagnose(st, problem, &refs);
+            assert_eq!(d.rule, want, "{st:?} {answers:?}: {d:?}");
+            assert!(d.skill.split_whitespace().count() <= 24, "{d:?}");
+            assert!(!d.summary.is_empty());
+            fired.insert(d.rule);
+        }
+        assert_eq!(fired.len(), RULES.len(), "every rule has a case");
+    }
+
+    #[test]
+    fn rules_that_quote_the_issue_can_leak_and_the_check_sees_it() {
+        let tb = "Crash:\n  File \"/home/u/acme/pkg/core.py\", line 3, in scale\nValueError";
+        let d = diagnose(Subtask::File, tb, &["```\npkg/util.py\n```"]);
+        assert_eq!(d.rule, "traceback");
+        let leak = find_leak(&d.skill, &crate::rft::failforge::fixtures::truth());
+        assert_eq!(leak.map(|l| l.kind), Some(LeakKind::Path));
+        // The general rules never carry this instance's answer.
+        let d = diagnose(Subtask::Line, PLAIN, &[&line_answer(2)]);
+        assert_eq!(find_leak(&d.skill, &crate::rft::failforge::fixtures::truth()), None);
+    }
+
+    #[test]
+    fn replies_of_model_diagnosers_are_parsed_and_clipped() {
+        let d = parse_reply(
+            "Some preamble.\n**Diagnosis:** picked a helper.\nSkill: Open the function the issue calls before any helper it uses, always, every time, no exceptions at all",
+            "teacher:x",
+            8,
+        )
+        .unwrap();
+        assert_eq!(d.summary, "picked a helper.");
+        assert_eq!(d.skill, "Open the function the issue calls before any");
+        assert_eq!(parse_reply("Diagnosis: no idea", "x", 8), None);
+        assert_eq!(parse_reply("Skill:   ", "x", 8), None);
     }
 }

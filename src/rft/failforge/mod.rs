@@ -7,6 +7,8 @@
 
 pub mod diagnose;
 pub mod feedback;
+#[cfg(test)]
+mod fixtures;
 pub mod leakage;
 pub mod report;
 pub mod retry;
@@ -69,63 +71,68 @@ pub struct StageOutput {
 
 /// A skill chosen for one failure, or why there is none.
 enum Choice {
+    /// A library skill learned on an earlier failure.
     Reused(usize),
-    New(Diagnosis),
-    Leaked(leakage::LeakKind),
+    /// A skill the diagnoser just wrote (now in the library).
+    Fresh(usize),
+    /// The skill found or written leaked the ground truth; `true` when it was freshly diagnosed.
+    Leaked(leakage::LeakKind, bool),
+    /// The diagnoser had nothing.
     Nothing,
 }
 
-/// Chooses a skill for every failure: a clean library skill when one applies, else the
-/// diagnoser's; leaking skills are dropped and counted.
+/// Chooses a skill for every failure, in order: a library skill when one applies (skills written
+/// for earlier failures of this round included), else the diagnoser's, added to the library when
+/// clean. Leaking skills are dropped and counted. Returns the choices and the diagnoser calls.
 fn choose_skills(
     diagnoser: &mut dyn Diagnoser,
     items: &[TeacherItem<'_>],
     failures: &[Failure],
-    library: &SkillLibrary,
+    library: &mut SkillLibrary,
     cfg: &FailForgeConfig,
     seed: u64,
-) -> anyhow::Result<(Vec<Choice>, Vec<usize>)> {
-    let mut choices: Vec<Option<Choice>> = Vec::with_capacity(failures.len());
-    let mut to_diagnose = Vec::new();
+) -> anyhow::Result<(Vec<Choice>, usize)> {
+    let mut choices = Vec::with_capacity(failures.len());
+    let mut calls = 0;
     for (fi, f) in failures.iter().enumerate() {
         let item = &items[f.item];
+        let truth = &item.record.truth;
         let query = applies_text(item.problem, &f.feedback_text());
-        match library.find(f.subtask, &query, cfg.reuse_ratio, &|_| false) {
-            Some(s) => match leakage::find_leak(&library.skills()[s].text, &item.record.truth) {
-                None => choices.push(Some(Choice::Reused(s))),
-                Some(l) => choices.push(Some(Choice::Leaked(l.kind))),
-            },
-            None => {
-                to_diagnose.push(fi);
-                choices.push(None);
-            }
+        if let Some(s) = library.find(f.subtask, &query, cfg.reuse_ratio, &|_| false) {
+            choices.push(match leakage::find_leak(&library.skills()[s].text, truth) {
+                None => Choice::Reused(s),
+                Some(l) => Choice::Leaked(l.kind, false),
+            });
+            continue;
         }
-    }
-    let cases: Vec<Case<'_>> = to_diagnose
-        .iter()
-        .map(|&fi| Case {
-            failure: &failures[fi],
-            item: items[failures[fi].item],
-        })
-        .collect();
-    let diagnoses = diagnoser.diagnose(&cases, cfg.max_skill_words, seed)?;
-    for (&fi, d) in to_diagnose.iter().zip(diagnoses) {
-        let truth = &items[failures[fi].item].record.truth;
-        choices[fi] = Some(match d {
+        let case = Case {
+            failure: f,
+            item: *item,
+        };
+        calls += 1;
+        let d: Option<Diagnosis> = diagnoser
+            .diagnose(&[case], cfg.max_skill_words, random_u64(seed, 0xd1a, fi as u64))?
+            .pop()
+            .flatten();
+        choices.push(match d {
             None => Choice::Nothing,
             Some(d) => match leakage::find_leak(&d.skill, truth) {
-                Some(l) => Choice::Leaked(l.kind),
-                None => Choice::New(d),
+                Some(l) => Choice::Leaked(l.kind, true),
+                None => Choice::Fresh(library.add(Skill {
+                    id: String::new(),
+                    subtask: f.subtask,
+                    rule: d.rule,
+                    text: d.skill,
+                    diagnosis: d.summary,
+                    applies_to: query,
+                    source: f.instance_id.clone(),
+                    reused: 0,
+                    recovered: 0,
+                })),
             },
         });
     }
-    Ok((
-        choices
-            .into_iter()
-            .map(|c| c.unwrap_or(Choice::Nothing))
-            .collect(),
-        to_diagnose,
-    ))
+    Ok((choices, calls))
 }
 
 /// A finished rejection-sampling round: `samples[i]` are the teacher's answers to `items[i]`.
@@ -173,37 +180,27 @@ pub fn run_stage(
     } else {
         samples.iter().map(Vec::len).max().unwrap_or(1).max(1)
     };
-    let (choices, diagnosed) =
-        choose_skills(diagnoser, items, &failures, library, cfg, random_u64(seed, 0xf41, 0))?;
-    rep.diagnoser_calls = diagnosed.len();
-    // The skill of every failure that has one, registering new skills in the library.
+    let (choices, calls) = choose_skills(diagnoser, items, &failures, library, cfg, seed)?;
+    rep.diagnoser_calls = calls;
+    // The library skill of every failure that has one.
     let mut plans: Vec<(usize, usize)> = Vec::new(); // (failure, library index)
     for (fi, (f, c)) in failures.iter().zip(choices).enumerate() {
-        let item = &items[f.item];
         let st = rep.subtasks.entry(f.subtask.name().into()).or_default();
         st.failed += 1;
         match c {
             Choice::Reused(s) => {
                 st.reused += 1;
+                if let Some(sk) = library.get_mut(s) {
+                    sk.reused += 1;
+                }
                 plans.push((fi, s));
             }
-            Choice::New(d) => {
+            Choice::Fresh(s) => {
                 st.diagnosed += 1;
-                let s = library.add(Skill {
-                    id: String::new(),
-                    subtask: f.subtask,
-                    rule: d.rule,
-                    text: d.skill,
-                    diagnosis: d.summary,
-                    applies_to: applies_text(item.problem, &f.feedback_text()),
-                    source: f.instance_id.clone(),
-                    reused: 0,
-                    recovered: 0,
-                });
                 plans.push((fi, s));
             }
-            Choice::Leaked(kind) => {
-                if diagnosed.contains(&fi) {
+            Choice::Leaked(kind, fresh) => {
+                if fresh {
                     st.diagnosed += 1;
                 } else {
                     st.reused += 1;
@@ -246,11 +243,6 @@ pub fn run_stage(
         let skill_text = library.skills()[s].text.clone();
         let st = rep.subtasks.entry(f.subtask.name().into()).or_default();
         st.retried += 1;
-        if library.skills()[s].source != f.instance_id && !diagnosed.contains(&fi) {
-            if let Some(sk) = library.get_mut(s) {
-                sk.reused += 1;
-            }
-        }
         let ok = !res.passed.is_empty();
         after.push(ok);
         if ok {
@@ -299,4 +291,145 @@ pub fn run_stage(
     rep.library_size = library.len();
     out.report = rep;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rft::failforge::fixtures::{line_answer, record};
+    use crate::rft::failforge::retry::SKILL_HEADER;
+    use crate::swe::subtask::{Subtask, SubtaskRecord};
+
+    /// A teacher that answers line 3 (right) only when its prompt carries a skill that mentions
+    /// an expression, else line 2 (wrong); counts its samples.
+    #[derive(Default)]
+    struct SkillReader {
+        samples: usize,
+    }
+
+    impl Teacher for SkillReader {
+        fn name(&self) -> String {
+            "skill-reader".into()
+        }
+        fn sample(
+            &mut self,
+            items: &[TeacherItem<'_>],
+            k: usize,
+            _seed: u64,
+        ) -> anyhow::Result<Vec<Vec<String>>> {
+            self.samples += items.len() * k;
+            Ok(items
+                .iter()
+                .map(|it| {
+                    let p = &it.record.prompt;
+                    let right = p.starts_with(SKILL_HEADER) && p.contains("expression");
+                    vec![line_answer(if right { 3 } else { 2 }); k]
+                })
+                .collect())
+        }
+    }
+
+    /// A diagnoser that writes the ground-truth location for instance `leaky` and a general skill
+    /// otherwise; counts its calls.
+    #[derive(Default)]
+    struct Planted {
+        calls: usize,
+    }
+
+    impl Diagnoser for Planted {
+        fn name(&self) -> String {
+            "planted".into()
+        }
+        fn diagnose(
+            &mut self,
+            cases: &[Case<'_>],
+            _max_words: usize,
+            _seed: u64,
+        ) -> anyhow::Result<Vec<Option<Diagnosis>>> {
+            self.calls += cases.len();
+            Ok(cases
+                .iter()
+                .map(|c| {
+                    let skill = if c.failure.instance_id == "leaky" {
+                        "The bug is at pkg/core.py line 3."
+                    } else {
+                        "Pick the line whose expression computes the wrong value."
+                    };
+                    Some(Diagnosis {
+                        rule: "planted".into(),
+                        summary: "s".into(),
+                        skill: skill.into(),
+                    })
+                })
+                .collect())
+        }
+    }
+
+    fn run(
+        recs: &[SubtaskRecord],
+        problems: &[&str],
+        library: &mut SkillLibrary,
+    ) -> (StageOutput, usize, usize) {
+        let items: Vec<TeacherItem<'_>> = recs
+            .iter()
+            .zip(problems)
+            .map(|(r, p)| TeacherItem { record: r, problem: p })
+            .collect();
+        let samples = vec![vec![line_answer(2), line_answer(1)]; recs.len()];
+        let mut teacher = SkillReader::default();
+        let mut diag = Planted::default();
+        let round = Round {
+            items: &items,
+            samples: &samples,
+            edit_reward: EditReward::LineFbeta,
+            seed: 7,
+        };
+        let out = run_stage(&mut teacher, &mut diag, &round, library, &FailForgeConfig::default())
+            .unwrap();
+        (out, teacher.samples, diag.calls)
+    }
+
+    #[test]
+    fn a_planted_leaking_skill_is_dropped_and_guided_successes_are_stored_without_the_skill() {
+        let recs = vec![record(Subtask::Line, "leaky"), record(Subtask::Line, "clean")];
+        let mut lib = SkillLibrary::new();
+        let (out, samples, calls) = run(&recs, &["Totals are off by one.", "Scores come out negative."], &mut lib);
+        let r = &out.report;
+        let line = &r.subtasks["line"];
+        assert_eq!((line.failed, line.diagnosed, line.leaked), (2, 2, 1));
+        assert_eq!(r.leak_kinds.get("path"), Some(&1));
+        assert!((r.leakage_rate() - 0.5).abs() < 1e-12);
+        assert_eq!(calls, 2);
+        // The leaking skill never reaches the library or a prompt.
+        assert_eq!(lib.len(), 1);
+        assert!(lib.skills().iter().all(|s| !s.text.contains("pkg/core.py")));
+        // Only the clean failure is retried: 2 guided samples + 2 control samples.
+        assert_eq!((line.retried, line.recovered, line.recovered_plain), (1, 1, 0));
+        assert_eq!((r.retry_samples, r.control_samples, samples), (2, 2, 4));
+        // Stored without the skill: the prompt is the unguided one, byte for byte.
+        assert_eq!(out.recovered.len(), 1);
+        let (i, conv) = &out.recovered[0];
+        assert_eq!(conv[0].content.as_bytes(), recs[*i].prompt.as_bytes());
+        assert!(!conv[0].content.contains(SKILL_HEADER));
+        // The ablation keeps it; the control recovered nothing.
+        assert!(out.skill_kept[0].1[0].content.starts_with(SKILL_HEADER));
+        assert!(out.plain_retry.is_empty());
+        assert_eq!(r.mcnemar.map(|m| m.gained), Some(1));
+    }
+
+    #[test]
+    fn a_similar_failure_reuses_the_library_skill_without_a_diagnoser_call() {
+        let recs = vec![record(Subtask::Line, "a"), record(Subtask::Line, "b")];
+        let issue = "Scores come out negative when the scale factor is applied twice in a row.";
+        let mut lib = SkillLibrary::new();
+        let (out, _, calls) = run(&recs, &[issue, issue], &mut lib);
+        assert_eq!(calls, 1);
+        let line = &out.report.subtasks["line"];
+        assert_eq!((line.diagnosed, line.reused, line.recovered), (1, 1, 2));
+        assert_eq!(lib.skills()[0].reused, 1);
+        assert_eq!(lib.skills()[0].recovered, 2);
+        // A later run starts from the library: no call at all.
+        let (out, _, calls) = run(&recs[..1], &[issue], &mut lib);
+        assert_eq!((calls, out.report.subtasks["line"].reused), (0, 1));
+    }
 }
