@@ -54,6 +54,9 @@ pub struct FailforgeArgs {
     /// Bootstrap resamples of the held-out intervals.
     #[arg(long, default_value_t = 2000)]
     pub resamples: usize,
+    /// Start from this skill library (JSONL) instead of an empty one.
+    #[arg(long)]
+    pub library: Option<PathBuf>,
     /// Device.
     #[command(flatten)]
     pub device: DeviceArgs,
@@ -65,6 +68,7 @@ fn opts<'d>(a: &FailforgeArgs, out: &std::path::Path, d: &'d mut dyn Diagnoser) 
         out: out.to_path_buf(),
         heldout: a.heldout,
         resamples: a.resamples,
+        library: a.library.clone(),
     }
 }
 

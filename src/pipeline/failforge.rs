@@ -42,8 +42,8 @@ fn write_convs(path: &Path, convs: &[Example]) -> anyhow::Result<()> {
 }
 
 /// Runs the stage with `diagnoser` on a rejection-sampling round and writes its outputs into
-/// `dir`: `skills.jsonl` (the library, extended), `recovered.jsonl`, `skill_kept.jsonl`,
-/// `plain_retry.jsonl`, `report.json` and `report.md`.
+/// `dir`: `skills.jsonl` (the library: `start`'s skills, if given, and the new ones),
+/// `recovered.jsonl`, `skill_kept.jsonl`, `plain_retry.jsonl`, `report.json` and `report.md`.
 pub fn forge(
     cfg: &ReproConfig,
     teacher: &mut dyn Teacher,
@@ -51,10 +51,15 @@ pub fn forge(
     items: &[TeacherItem<'_>],
     samples: &[Vec<String>],
     dir: &Path,
+    start: Option<&Path>,
 ) -> anyhow::Result<StageOutput> {
     std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let lib_path = dir.join("skills.jsonl");
-    let mut library = SkillLibrary::load(&lib_path)?;
+    let mut library = match start {
+        Some(p) if !p.exists() => anyhow::bail!("{}: no such skill library", p.display()),
+        Some(p) => SkillLibrary::load(p)?,
+        None => SkillLibrary::new(),
+    };
     let round = Round {
         items,
         samples,
@@ -86,10 +91,8 @@ pub fn repro_stage(
         temperature: cfg.stage1.teacher_temperature,
     };
     let dir = out.join("failforge");
-    // A fresh library per run: a resumed run must not reuse skills of its own earlier attempt.
-    let _ = std::fs::remove_file(dir.join("skills.jsonl"));
     let mut diagnoser = crate::rft::failforge::diagnose::RuleDiagnoser;
-    let res = forge(cfg, &mut teacher, &mut diagnoser, items, samples, &dir)?;
+    let res = forge(cfg, &mut teacher, &mut diagnoser, items, samples, &dir, None)?;
     Ok((res.recovered, res.report.markdown()))
 }
 
@@ -200,6 +203,8 @@ pub struct Standalone<'d> {
     pub heldout: bool,
     /// Bootstrap resamples of the held-out intervals.
     pub resamples: usize,
+    /// A skill library to start from (default: an empty one).
+    pub library: Option<PathBuf>,
 }
 
 /// `sorft failforge`: the stage over the run in `run_dir` (the teacher's rejection-sampling round
@@ -214,6 +219,12 @@ pub fn standalone<B: Backend>(
 ) -> anyhow::Result<String> {
     let run = load_run(run_dir)?;
     let cfg = &run.cfg;
+    if cfg.stage1.failforge {
+        anyhow::bail!(
+            "{}: this run already used FailForge (stage1.failforge = true); run `sorft failforge` on a plain rejection-sampling run",
+            run_dir.display()
+        );
+    }
     let items: Vec<TeacherItem<'_>> = run
         .train
         .iter()
@@ -245,7 +256,15 @@ the run was made with another teacher or configuration",
         );
     }
     progress("diagnosing failures and retrying".into());
-    let res = forge(cfg, &mut teacher, opts.diagnoser, &items, &samples, &opts.out)?;
+    let res = forge(
+        cfg,
+        &mut teacher,
+        opts.diagnoser,
+        &items,
+        &samples,
+        &opts.out,
+        opts.library.as_deref(),
+    )?;
     let mut md = res.report.markdown();
     if opts.heldout {
         let arms = [
