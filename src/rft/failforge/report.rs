@@ -95,7 +95,7 @@ impl FailForgeReport {
 A prompt is failed when all its rejection-sampling samples failed the ground-truth filter; it is recovered when a \
 retry has at least one passing answer. The plain second attempt is the control: the same prompts, the same \
 number of samples and seeds, without the skill.\n\n\
-| subtask | prompts | failed | skills new / reused | leaked | retried | recovered (skill) | recovered (plain retry) | added | refused |\n\
+| subtask | prompts | failed | skills diagnosed / reused | leaked | retried | recovered (skill) | recovered (plain retry) | added | refused |\n\
 |---|---|---|---|---|---|---|---|---|---|\n",
             self.teacher, self.diagnoser
         );

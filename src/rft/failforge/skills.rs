@@ -137,8 +137,20 @@ impl SkillLibrary {
         self.skills.is_empty()
     }
 
-    /// Adds a skill (its id is assigned here) and returns its index.
+    /// Adds a skill (its id is assigned here) and returns its index. A skill with the same
+    /// subtask and text is not stored twice: the existing one gains the new `applies_to` text
+    /// (one more place where it applies) and its index is returned.
     pub fn add(&mut self, mut skill: Skill) -> usize {
+        if let Some(i) = self
+            .skills
+            .iter()
+            .position(|s| s.subtask == skill.subtask && s.text == skill.text)
+        {
+            let s = &mut self.skills[i];
+            s.applies_to.push_str("\n");
+            s.applies_to.push_str(&skill.applies_to);
+            return i;
+        }
         skill.id = format!("skill-{:04}", self.skills.len() + 1);
         self.skills.push(skill);
         self.skills.len() - 1
@@ -214,6 +226,10 @@ mod tests {
             "Legend colours are wrong in the bar chart renderer",
         ));
         assert_eq!(lib.skills()[a].id, "skill-0001");
+        // The same lesson learned again is one skill with one more place where it applies.
+        let again = lib.add(skill(Subtask::File, "Follow the traceback.", "Traceback in the csv sniffer"));
+        assert_eq!((again, lib.len()), (a, 3));
+        assert!(lib.skills()[a].applies_to.ends_with("csv sniffer"));
         let q = "KeyError in parse_header when reading csv files with a Traceback\n- no_overlap: io/writers.py";
         assert_eq!(lib.find(Subtask::File, q, 0.5, &|_| false), Some(a));
         // Another subtask's skill is never returned, and an unrelated text finds nothing.
