@@ -41,7 +41,12 @@ fn failforge_in_repro_and_over_a_finished_run() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let md = String::from_utf8_lossy(&o.stdout);
-    for needle in ["## FailForge", "| all |", "Leakage:", "extra teacher samples"] {
+    for needle in [
+        "## FailForge",
+        "| all |",
+        "Leakage:",
+        "extra teacher samples",
+    ] {
         assert!(md.contains(needle), "{needle}:\n{md}");
     }
     let report: serde_json::Value =
@@ -72,7 +77,13 @@ fn failforge_in_repro_and_over_a_finished_run() {
     // The hook: the same run with the stage on adds exactly the recovered examples (renamed twice).
     let with = tempfile::tempdir().unwrap();
     let o = sorft(
-        &["repro", "--quick", "--set", "stage1.failforge=true", "--out"],
+        &[
+            "repro",
+            "--quick",
+            "--set",
+            "stage1.failforge=true",
+            "--out",
+        ],
         with.path(),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -104,7 +115,10 @@ fn bad_input_is_a_one_line_error() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("missing") && err.trim().lines().count() <= 2, "{err}");
+    assert!(
+        err.contains("missing") && err.trim().lines().count() <= 2,
+        "{err}"
+    );
     let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
         .args(["failforge", "--diagnoser", "model", "--run"])
         .arg(dir.path())

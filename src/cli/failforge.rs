@@ -85,16 +85,19 @@ impl Job for Forge {
         let stop = &super::interrupt::STOP;
         let mut progress = |m: String| eprintln!("failforge: {m}");
         match a.diagnoser {
-            DiagnoserKind::Rules => {
-                standalone(be, &a.run, opts(a, &out, &mut RuleDiagnoser), stop, &mut progress)
-            }
+            DiagnoserKind::Rules => standalone(
+                be,
+                &a.run,
+                opts(a, &out, &mut RuleDiagnoser),
+                stop,
+                &mut progress,
+            ),
             DiagnoserKind::Model => {
                 let dir = a
                     .diagnoser_model
                     .as_ref()
                     .context("--diagnoser model needs --diagnoser-model DIR")?;
-                let (model, tok) =
-                    load_dir(be, dir).with_context(|| dir.display().to_string())?;
+                let (model, tok) = load_dir(be, dir).with_context(|| dir.display().to_string())?;
                 let tok = tok.with_context(|| format!("{}: no tokenizer.json", dir.display()))?;
                 let mut t = ModelTeacher {
                     model: &model,

@@ -92,7 +92,15 @@ pub fn repro_stage(
     };
     let dir = out.join("failforge");
     let mut diagnoser = crate::rft::failforge::diagnose::RuleDiagnoser;
-    let res = forge(cfg, &mut teacher, &mut diagnoser, items, samples, &dir, None)?;
+    let res = forge(
+        cfg,
+        &mut teacher,
+        &mut diagnoser,
+        items,
+        samples,
+        &dir,
+        None,
+    )?;
     Ok((res.recovered, res.report.markdown()))
 }
 
@@ -166,12 +174,7 @@ fn corpus_lines(path: &Path) -> anyhow::Result<Vec<String>> {
 }
 
 /// Examples expanded with package renames the way `sorft repro` expands its stage-1 corpus.
-fn with_renames(
-    cfg: &ReproConfig,
-    repos: &[&str],
-    examples: &[Example],
-    salt: u64,
-) -> Vec<String> {
+fn with_renames(cfg: &ReproConfig, repos: &[&str], examples: &[Example], salt: u64) -> Vec<String> {
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xf0f, salt));
     let mut out = Vec::new();
     for (i, conv) in examples {
@@ -238,11 +241,8 @@ pub fn standalone<B: Backend>(
     };
     progress(format!("rejection sampling again: {} prompts", items.len()));
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let (kept, _) = crate::rft::teacher::rejection_filter_indexed(
-        &items,
-        &samples,
-        cfg.stage2.edit_reward,
-    );
+    let (kept, _) =
+        crate::rft::teacher::rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
     let repos: Vec<&str> = run.train.iter().map(|(r, _)| r.repo.as_str()).collect();
     let plain_path = run.dir.join("stage1_sft.jsonl");
     let plain = corpus_lines(&plain_path)?;
@@ -405,7 +405,10 @@ fn heldout_comparison<B: Backend>(
     let corpora = opts.out.join("corpora");
     std::fs::create_dir_all(&corpora)?;
     for (k, (name, lines)) in arms.iter().enumerate() {
-        progress(format!("held-out: training on {name} ({} examples)", lines.len()));
+        progress(format!(
+            "held-out: training on {name} ({} examples)",
+            lines.len()
+        ));
         let data = corpora.join(format!("arm{k}.jsonl"));
         std::fs::write(&data, lines.join("\n") + "\n")?;
         let batch = cfg.stage1.batch_tokens.max(cfg.stage1.max_len);
@@ -456,8 +459,14 @@ fn heldout_comparison<B: Backend>(
             let idx: Vec<usize> = (0..plain.len()).filter(|&i| keep(i)).collect();
             let a: Vec<Vec<f64>> = idx.iter().map(|&i| plain[i].clone()).collect();
             let b: Vec<Vec<f64>> = idx.iter().map(|&i| scores[i].clone()).collect();
-            paired_cluster_bootstrap(&a, &b, opts.resamples, level, random_u64(cfg.seed, 0xb00, 0))
-                .ok()
+            paired_cluster_bootstrap(
+                &a,
+                &b,
+                opts.resamples,
+                level,
+                random_u64(cfg.seed, 0xb00, 0),
+            )
+            .ok()
         };
         let by_difficulty = bin_counts
             .iter()
@@ -468,7 +477,11 @@ fn heldout_comparison<B: Backend>(
             examples: lines.len(),
             mean: mean(scores),
             delta: if k == 0 { None } else { interval(&|_| true) },
-            by_difficulty: if k == 0 { BTreeMap::new() } else { by_difficulty },
+            by_difficulty: if k == 0 {
+                BTreeMap::new()
+            } else {
+                by_difficulty
+            },
         });
     }
     Ok(HeldoutComparison {

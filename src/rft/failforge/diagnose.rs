@@ -78,10 +78,17 @@ impl IssueEvidence {
             }
         }
         let mut calls = Vec::new();
-        for word in problem.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '(')) {
+        for word in
+            problem.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '('))
+        {
             if let Some((name, _)) = word.split_once('(') {
                 let name = name.trim_matches('.');
-                if name.len() > 2 && name.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_') {
+                if name.len() > 2
+                    && name
+                        .chars()
+                        .next()
+                        .is_some_and(|c| c.is_alphabetic() || c == '_')
+                {
                     calls.push(name.to_string());
                 }
             }
@@ -416,20 +423,75 @@ mod tests {
         let calls = "Calling helper2(3) gives the wrong number.";
         let e = |s: &str, r: &str| edit_answer("pkg/core.py", s, r);
         let cases: Vec<(Subtask, &str, Vec<String>, &str)> = vec![
-            (Subtask::File, PLAIN, vec!["I have no idea.".into()], "format"),
-            (Subtask::File, PLAIN, vec![file("pkg/nothere.py")], "invented_target"),
-            (Subtask::Edit, PLAIN, vec![edit_answer("pkg/other.py", "    y = x + 1", "    y = x")], "unknown_file"),
-            (Subtask::Edit, PLAIN, vec![e("    return z", "    return y")], "search_not_found"),
-            (Subtask::Edit, PLAIN, vec![e("    y = x + 1", "    y = x + 1  # reviewed")], "no_op_edit"),
-            (Subtask::File, tb, vec![file("tests/test_core.py")], "test_file"),
-            (Subtask::Function, imp, vec!["```\npkg/core.py\nclass: Parser\n```".into()], "class_not_method"),
+            (
+                Subtask::File,
+                PLAIN,
+                vec!["I have no idea.".into()],
+                "format",
+            ),
+            (
+                Subtask::File,
+                PLAIN,
+                vec![file("pkg/nothere.py")],
+                "invented_target",
+            ),
+            (
+                Subtask::Edit,
+                PLAIN,
+                vec![edit_answer("pkg/other.py", "    y = x + 1", "    y = x")],
+                "unknown_file",
+            ),
+            (
+                Subtask::Edit,
+                PLAIN,
+                vec![e("    return z", "    return y")],
+                "search_not_found",
+            ),
+            (
+                Subtask::Edit,
+                PLAIN,
+                vec![e("    y = x + 1", "    y = x + 1  # reviewed")],
+                "no_op_edit",
+            ),
+            (
+                Subtask::File,
+                tb,
+                vec![file("tests/test_core.py")],
+                "test_file",
+            ),
+            (
+                Subtask::Function,
+                imp,
+                vec!["```\npkg/core.py\nclass: Parser\n```".into()],
+                "class_not_method",
+            ),
             (Subtask::Line, PLAIN, vec![line_answer(1)], "non_code_line"),
             (Subtask::File, tb, vec![file("pkg/util.py")], "traceback"),
             (Subtask::File, imp, vec![file("pkg/util.py")], "import"),
-            (Subtask::Function, calls, vec!["```\npkg/core.py\nfunction: helper\n```".into()], "call"),
-            (Subtask::Line, PLAIN, vec![line_answer(2)], "wrong_expression"),
-            (Subtask::Edit, PLAIN, vec![e("    y = x + 1", "    y = x - 1")], "wrong_expression"),
-            (Subtask::File, PLAIN, vec![file("pkg/util.py")], "reread_issue"),
+            (
+                Subtask::Function,
+                calls,
+                vec!["```\npkg/core.py\nfunction: helper\n```".into()],
+                "call",
+            ),
+            (
+                Subtask::Line,
+                PLAIN,
+                vec![line_answer(2)],
+                "wrong_expression",
+            ),
+            (
+                Subtask::Edit,
+                PLAIN,
+                vec![e("    y = x + 1", "    y = x - 1")],
+                "wrong_expression",
+            ),
+            (
+                Subtask::File,
+                PLAIN,
+                vec![file("pkg/util.py")],
+                "reread_issue",
+            ),
         ];
         let mut fired = std::collections::BTreeSet::new();
         for (st, problem, answers, want) in cases {
@@ -452,7 +514,10 @@ mod tests {
         assert_eq!(leak.map(|l| l.kind), Some(LeakKind::Path));
         // The general rules never carry this instance's answer.
         let d = diagnose(Subtask::Line, PLAIN, &[&line_answer(2)]);
-        assert_eq!(find_leak(&d.skill, &crate::rft::failforge::fixtures::truth()), None);
+        assert_eq!(
+            find_leak(&d.skill, &crate::rft::failforge::fixtures::truth()),
+            None
+        );
     }
 
     #[test]

@@ -35,7 +35,10 @@ pub struct Failure {
 
 /// The reason name of a breakdown (`positive` when it has none).
 fn reason(b: &RewardBreakdown) -> &'static str {
-    b.zero_reason.as_ref().map(zero_reason_name).unwrap_or("positive")
+    b.zero_reason
+        .as_ref()
+        .map(zero_reason_name)
+        .unwrap_or("positive")
 }
 
 /// What an answer targeted, in one short line (the final answer only, never the thought).

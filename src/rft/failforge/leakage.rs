@@ -205,7 +205,10 @@ mod tests {
             ("Open geomkit/shapes/area.py first.", LeakKind::Path),
             ("The bug is in area.py, look there.", LeakKind::Path),
             ("Follow `from geomkit.shapes import area`.", LeakKind::Path),
-            ("Inspect geomkit.shapes.area before the rest.", LeakKind::Path),
+            (
+                "Inspect geomkit.shapes.area before the rest.",
+                LeakKind::Path,
+            ),
             ("Start from Circle.scaled_radius.", LeakKind::Function),
             ("Check SCALED_RADIUS and its callers.", LeakKind::Function),
             ("The fault sits at line 42.", LeakKind::Line),

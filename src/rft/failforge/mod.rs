@@ -111,7 +111,11 @@ fn choose_skills(
         };
         calls += 1;
         let d: Option<Diagnosis> = diagnoser
-            .diagnose(&[case], cfg.max_skill_words, random_u64(seed, 0xd1a, fi as u64))?
+            .diagnose(
+                &[case],
+                cfg.max_skill_words,
+                random_u64(seed, 0xd1a, fi as u64),
+            )?
             .pop()
             .flatten();
         choices.push(match d {
@@ -247,7 +251,9 @@ pub fn run_stage(
         after.push(ok);
         if ok {
             st.recovered += 1;
-            *rep.rules.entry(library.skills()[s].rule.clone()).or_default() += 1;
+            *rep.rules
+                .entry(library.skills()[s].rule.clone())
+                .or_default() += 1;
             if let Some(sk) = library.get_mut(s) {
                 sk.recovered += 1;
             }
@@ -373,7 +379,10 @@ mod tests {
         let items: Vec<TeacherItem<'_>> = recs
             .iter()
             .zip(problems)
-            .map(|(r, p)| TeacherItem { record: r, problem: p })
+            .map(|(r, p)| TeacherItem {
+                record: r,
+                problem: p,
+            })
             .collect();
         let samples = vec![vec![line_answer(2), line_answer(1)]; recs.len()];
         let mut teacher = SkillReader::default();
@@ -384,16 +393,29 @@ mod tests {
             edit_reward: EditReward::LineFbeta,
             seed: 7,
         };
-        let out = run_stage(&mut teacher, &mut diag, &round, library, &FailForgeConfig::default())
-            .unwrap();
+        let out = run_stage(
+            &mut teacher,
+            &mut diag,
+            &round,
+            library,
+            &FailForgeConfig::default(),
+        )
+        .unwrap();
         (out, teacher.samples, diag.calls)
     }
 
     #[test]
     fn a_planted_leaking_skill_is_dropped_and_guided_successes_are_stored_without_the_skill() {
-        let recs = vec![record(Subtask::Line, "leaky"), record(Subtask::Line, "clean")];
+        let recs = vec![
+            record(Subtask::Line, "leaky"),
+            record(Subtask::Line, "clean"),
+        ];
         let mut lib = SkillLibrary::new();
-        let (out, samples, calls) = run(&recs, &["Totals are off by one.", "Scores come out negative."], &mut lib);
+        let (out, samples, calls) = run(
+            &recs,
+            &["Totals are off by one.", "Scores come out negative."],
+            &mut lib,
+        );
         let r = &out.report;
         let line = &r.subtasks["line"];
         assert_eq!((line.failed, line.diagnosed, line.leaked), (2, 2, 1));
@@ -404,7 +426,10 @@ mod tests {
         assert_eq!(lib.len(), 1);
         assert!(lib.skills().iter().all(|s| !s.text.contains("pkg/core.py")));
         // Only the clean failure is retried: 2 guided samples + 2 control samples.
-        assert_eq!((line.retried, line.recovered, line.recovered_plain), (1, 1, 0));
+        assert_eq!(
+            (line.retried, line.recovered, line.recovered_plain),
+            (1, 1, 0)
+        );
         assert_eq!((r.retry_samples, r.control_samples, samples), (2, 2, 4));
         // Stored without the skill: the prompt is the unguided one, byte for byte.
         assert_eq!(out.recovered.len(), 1);

@@ -239,7 +239,10 @@ paired cluster bootstrap over instances ({} resamples, {:.0}% interval). Difficu
                 bins.iter()
                     .map(|b| format!(
                         " {} |",
-                        a.by_difficulty.get(*b).map(|x| show(&x.1)).unwrap_or("-".into())
+                        a.by_difficulty
+                            .get(*b)
+                            .map(|x| show(&x.1))
+                            .unwrap_or("-".into())
                     ))
                     .collect::<String>()
             ));

@@ -154,7 +154,8 @@ pub fn retry(
 mod tests {
     use super::*;
 
-    const PROMPT: &str = "Please look through the following GitHub problem description...\n```\na.py\n```\n";
+    const PROMPT: &str =
+        "Please look through the following GitHub problem description...\n```\na.py\n```\n";
 
     #[test]
     fn removing_the_skill_gives_the_unguided_prompt_byte_for_byte() {

@@ -227,7 +227,11 @@ mod tests {
         ));
         assert_eq!(lib.skills()[a].id, "skill-0001");
         // The same lesson learned again is one skill with one more place where it applies.
-        let again = lib.add(skill(Subtask::File, "Follow the traceback.", "Traceback in the csv sniffer"));
+        let again = lib.add(skill(
+            Subtask::File,
+            "Follow the traceback.",
+            "Traceback in the csv sniffer",
+        ));
         assert_eq!((again, lib.len()), (a, 3));
         assert!(lib.skills()[a].applies_to.ends_with("csv sniffer"));
         let q = "KeyError in parse_header when reading csv files with a Traceback\n- no_overlap: io/writers.py";
@@ -235,11 +239,19 @@ mod tests {
         // Another subtask's skill is never returned, and an unrelated text finds nothing.
         assert_eq!(lib.find(Subtask::Edit, q, 0.5, &|_| false), None);
         assert_eq!(
-            lib.find(Subtask::File, "division by zero in the scheduler", 0.5, &|_| false),
+            lib.find(
+                Subtask::File,
+                "division by zero in the scheduler",
+                0.5,
+                &|_| false
+            ),
             None
         );
         // Skipped skills (e.g. ones that leak for this instance) are passed over.
-        assert_eq!(lib.find(Subtask::File, q, 0.5, &|s| s.id == "skill-0001"), None);
+        assert_eq!(
+            lib.find(Subtask::File, q, 0.5, &|s| s.id == "skill-0001"),
+            None
+        );
     }
 
     #[test]
@@ -251,7 +263,9 @@ mod tests {
         lib.save(&p).unwrap();
         let back = SkillLibrary::load(&p).unwrap();
         assert_eq!(back.skills(), lib.skills());
-        assert!(SkillLibrary::load(&dir.path().join("none.jsonl")).unwrap().is_empty());
+        assert!(SkillLibrary::load(&dir.path().join("none.jsonl"))
+            .unwrap()
+            .is_empty());
         std::fs::write(&p, "{\"id\": 3}\n").unwrap();
         let e = SkillLibrary::load(&p).unwrap_err().to_string();
         assert!(e.contains("skills.jsonl:1"), "{e}");
