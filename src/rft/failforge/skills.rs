@@ -147,7 +147,7 @@ impl SkillLibrary {
             .position(|s| s.subtask == skill.subtask && s.text == skill.text)
         {
             let s = &mut self.skills[i];
-            s.applies_to.push_str("\n");
+            s.applies_to.push('\n');
             s.applies_to.push_str(&skill.applies_to);
             return i;
         }
