@@ -5,6 +5,7 @@ pub mod data;
 pub mod device;
 pub mod doctor;
 pub mod eval;
+pub mod failforge;
 pub mod faultbench;
 pub mod generate;
 pub mod interrupt;
@@ -69,6 +70,9 @@ pub enum Command {
     Monitor(monitor::MonitorArgs),
     /// The fault-injection benchmark of the RL monitor (RFT-FaultBench on sorft).
     Faultbench(faultbench::FaultbenchArgs),
+    /// FailForge over a finished rejection-sampling run: diagnose failed prompts, retry with
+    /// skills, add the successes without the skill; optionally compare corpora on held-out data.
+    Failforge(failforge::FailforgeArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -139,6 +143,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Selftest(a) => selftest::run(a),
         Command::Monitor(a) => monitor::run(a),
         Command::Faultbench(a) => faultbench::run(a),
+        Command::Failforge(a) => failforge::run(a),
     }
 }
 

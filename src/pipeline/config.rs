@@ -97,6 +97,9 @@ pub struct Stage1Config {
     /// training instance in the sandbox, so no edit that merely touches the right line becomes
     /// SFT data) or `overlap` (SoRFT's rule filter only).
     pub edit_acceptance: crate::rft::accept::EditAcceptance,
+    /// FailForge after the rejection filter: diagnose the prompts whose samples all failed, retry
+    /// them with a skill, add the successes with the skill removed (knobs in `[failforge]`).
+    pub failforge: bool,
 }
 
 impl Default for Stage1Config {
@@ -111,6 +114,7 @@ impl Default for Stage1Config {
             renames: 2,
             keep_originals: false,
             edit_acceptance: crate::rft::accept::EditAcceptance::Execution,
+            failforge: false,
         }
     }
 }
@@ -135,6 +139,8 @@ pub struct ReproConfig {
     pub stage2: RlConfig,
     /// Evaluation.
     pub eval: EvalConfig,
+    /// FailForge (used when `stage1.failforge` is on, and by `sorft failforge`).
+    pub failforge: crate::rft::failforge::FailForgeConfig,
 }
 
 impl Default for ReproConfig {
@@ -163,6 +169,7 @@ impl Default for ReproConfig {
                 reward_samples: 2,
                 ..EvalConfig::default()
             },
+            failforge: Default::default(),
         }
     }
 }

@@ -3,5 +3,6 @@
 pub mod augment;
 pub mod compare;
 pub mod config;
+pub mod failforge;
 pub mod plot;
 pub mod repro;

@@ -518,12 +518,19 @@ pub fn run_repro<B: Backend>(
     };
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
     let executed = stage1_execution(cfg, &items, &samples, &train, &data.join("repos"))?;
-    let (kept_idx, acceptance) = rejection_filter_checked(
+    let (mut kept_idx, acceptance) = rejection_filter_checked(
         &items,
         &samples,
         cfg.stage2.edit_reward,
         executed.as_deref(),
     );
+    let failforge_md = if cfg.stage1.failforge {
+        let (recovered, md) = crate::pipeline::failforge::repro_stage(cfg, &items, &samples, out)?;
+        kept_idx.extend(recovered);
+        md
+    } else {
+        String::new()
+    };
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
     for (i, conv) in kept_idx {
@@ -652,6 +659,7 @@ pub fn run_repro<B: Backend>(
         deltas,
     };
     write_report(cfg, dev, out, &summary)?;
+    crate::pipeline::failforge::append_to_report(out, &failforge_md)?;
     status.bar.finish_and_clear();
     Ok(summary)
 }

@@ -3,6 +3,7 @@
 pub mod accept;
 pub mod advantage;
 pub mod eval;
+pub mod failforge;
 pub mod kl;
 pub mod monitor;
 pub mod openai;
