@@ -147,7 +147,13 @@ pub fn load_run(dir: &Path) -> anyhow::Result<Run> {
             train.push((r, inst.problem_statement.clone()));
         }
     }
-    let heldout = read_jsonl(&data.join("heldout.jsonl"))?;
+    // The test split (runs made before the three-way split call it heldout.jsonl).
+    let test = data.join("test.jsonl");
+    let heldout = read_jsonl(&if test.exists() {
+        test
+    } else {
+        data.join("heldout.jsonl")
+    })?;
     let mut heldout_records = Vec::new();
     for inst in &heldout {
         let snap = store.snapshot(&inst.repo, &inst.base_commit)?;
