@@ -5,6 +5,7 @@ pub mod data;
 pub mod device;
 pub mod doctor;
 pub mod eval;
+pub mod export;
 pub mod faultbench;
 pub mod generate;
 pub mod interrupt;
@@ -18,6 +19,8 @@ pub mod rl;
 pub mod sandbox;
 pub mod score;
 pub mod selftest;
+#[cfg(feature = "serve")]
+pub mod serve_reward;
 pub mod sft;
 
 use clap::{Parser, Subcommand};
@@ -69,6 +72,11 @@ pub enum Command {
     Monitor(monitor::MonitorArgs),
     /// The fault-injection benchmark of the RL monitor (RFT-FaultBench on sorft).
     Faultbench(faultbench::FaultbenchArgs),
+    /// Subtask prompts with ground truth as a veRL (parquet) or OpenRLHF (JSONL) dataset.
+    Export(export::ExportArgs),
+    /// Serve sorft's rewards over HTTP (OpenRLHF remote reward model protocol).
+    #[cfg(feature = "serve")]
+    ServeReward(serve_reward::ServeRewardArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -139,6 +147,9 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Selftest(a) => selftest::run(a),
         Command::Monitor(a) => monitor::run(a),
         Command::Faultbench(a) => faultbench::run(a),
+        Command::Export(a) => export::run(a),
+        #[cfg(feature = "serve")]
+        Command::ServeReward(a) => serve_reward::run(a),
     }
 }
 

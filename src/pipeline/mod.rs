@@ -2,5 +2,7 @@
 
 pub mod augment;
 pub mod config;
+pub mod export;
 pub mod plot;
 pub mod repro;
+pub mod reward_service;
