@@ -338,7 +338,10 @@ async fn reward(req: Request<Incoming>, state: &State) -> Answer {
             state.metrics.ok.fetch_add(1, Ordering::Relaxed);
             state.metrics.rewards.fetch_add(n as u64, Ordering::Relaxed);
             state.metrics.observe(t0.elapsed().as_secs_f64());
-            answer(StatusCode::OK, response_json(&scores))
+            answer(
+                StatusCode::OK,
+                response_json(&scores, state.scorer.executor.is_some()),
+            )
         }
         Ok(Ok(Err(JobError::Expired))) | Err(_) => error(
             state,

@@ -305,8 +305,9 @@ fn execute(ex: &Executor, label: &RewardLabel, answer: &str) -> Execution {
 }
 
 /// The response body: OpenRLHF's `rewards`, `scores` (rewards clipped to [0, 1], for its dynamic
-/// filtering) and `extra_logs` (numeric, one value per sample), plus `details` per sample.
-pub fn response_json(scores: &[SampleScore]) -> Value {
+/// filtering) and `extra_logs` (numeric, one value per sample; `executed` and `resolved` whenever
+/// execution is on, so every answer of a service has the same keys), plus `details` per sample.
+pub fn response_json(scores: &[SampleScore], execution_on: bool) -> Value {
     let col = |f: &dyn Fn(&SampleScore) -> f64| -> Value {
         Value::Array(scores.iter().map(|s| json!(f(s))).collect())
     };
@@ -332,7 +333,7 @@ pub fn response_json(scores: &[SampleScore]) -> Value {
             f64::from(u8::from(z == Some("invented_target")))
         }),
     );
-    if scores.iter().any(|s| s.execution.is_some()) {
+    if execution_on {
         logs.insert(
             "executed".into(),
             col(&|s| f64::from(u8::from(s.execution.is_some()))),
@@ -405,7 +406,7 @@ mod tests {
         let s = Scorer::rules(EditReward::LineFbeta).score(&batch);
         assert!((s[0].reward - 1.0).abs() < 1e-12);
         assert_eq!(s[1].reward, 0.0);
-        let out = response_json(&s);
+        let out = response_json(&s, false);
         assert_eq!(out["rewards"].as_array().unwrap().len(), 2);
         assert_eq!(out["extra_logs"]["invented_target"][1], 1.0);
         assert_eq!(out["details"][1]["zero_reason"], "invented_target");
