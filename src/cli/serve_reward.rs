@@ -87,7 +87,10 @@ pub fn run(a: ServeRewardArgs) -> Result<()> {
         io_threads: 2,
     };
     let mode = match &executor {
-        Some(e) => format!("rule rewards + sandbox execution for edits ({} instances)", e.len()),
+        Some(e) => format!(
+            "rule rewards + sandbox execution for edits ({} instances)",
+            e.len()
+        ),
         None => "rule rewards".to_string(),
     };
     let (workers, queue) = (cfg.workers, cfg.queue);

@@ -224,7 +224,10 @@ fn error(state: &State, status: StatusCode, msg: impl Into<String>) -> Answer {
     r
 }
 
-async fn route(req: Request<Incoming>, state: Arc<State>) -> Result<Answer, std::convert::Infallible> {
+async fn route(
+    req: Request<Incoming>,
+    state: Arc<State>,
+) -> Result<Answer, std::convert::Infallible> {
     let path = req.uri().path().to_string();
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => answer(
@@ -269,7 +272,10 @@ async fn read_body(req: Request<Incoming>, state: &State) -> Result<Bytes, Answe
         return Err(error(
             state,
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body of {} bytes is over the limit of {max} bytes (--max-body-mb)", declared.unwrap_or(0)),
+            format!(
+                "body of {} bytes is over the limit of {max} bytes (--max-body-mb)",
+                declared.unwrap_or(0)
+            ),
         ));
     }
     let body = Limited::new(req.into_body(), max).collect();
@@ -277,14 +283,21 @@ async fn read_body(req: Request<Incoming>, state: &State) -> Result<Bytes, Answe
         Err(_) => Err(error(
             state,
             StatusCode::REQUEST_TIMEOUT,
-            format!("body not received within {:?} (--read-timeout)", state.cfg.read_timeout),
+            format!(
+                "body not received within {:?} (--read-timeout)",
+                state.cfg.read_timeout
+            ),
         )),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(error(
             state,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("body is over the limit of {max} bytes (--max-body-mb)"),
         )),
-        Ok(Err(e)) => Err(error(state, StatusCode::BAD_REQUEST, format!("reading the body: {e}"))),
+        Ok(Err(e)) => Err(error(
+            state,
+            StatusCode::BAD_REQUEST,
+            format!("reading the body: {e}"),
+        )),
         Ok(Ok(c)) => Ok(c.to_bytes()),
     }
 }
@@ -325,7 +338,10 @@ async fn reward(req: Request<Incoming>, state: &State) -> Answer {
             return error(
                 state,
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("queue full ({} requests waiting); retry later", state.cfg.queue),
+                format!(
+                    "queue full ({} requests waiting); retry later",
+                    state.cfg.queue
+                ),
             )
         }
         Err(TrySendError::Disconnected(_)) => {
@@ -346,7 +362,10 @@ async fn reward(req: Request<Incoming>, state: &State) -> Answer {
         Ok(Ok(Err(JobError::Expired))) | Err(_) => error(
             state,
             StatusCode::GATEWAY_TIMEOUT,
-            format!("not scored within {:?} (--request-timeout)", state.cfg.request_timeout),
+            format!(
+                "not scored within {:?} (--request-timeout)",
+                state.cfg.request_timeout
+            ),
         ),
         Ok(Err(_)) => error(
             state,
@@ -444,7 +463,10 @@ pub fn serve(
     run.map(|_| metrics)
 }
 
-async fn accept_loop(state: Arc<State>, on_ready: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
+async fn accept_loop(
+    state: Arc<State>,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
     use tokio::signal::unix::{signal, SignalKind};
     let listener = tokio::net::TcpListener::bind(state.cfg.addr)
         .await

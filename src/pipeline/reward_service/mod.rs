@@ -108,7 +108,8 @@ pub fn parse_request(body: &[u8]) -> Result<RewardBatch, BadRequest> {
     };
     let queries = string_list(&obj, "query")?
         .ok_or_else(|| BadRequest("missing field `query` (a list of strings)".into()))?;
-    let prompts = string_list(&obj, "prompts")?.unwrap_or_else(|| vec![String::new(); queries.len()]);
+    let prompts =
+        string_list(&obj, "prompts")?.unwrap_or_else(|| vec![String::new(); queries.len()]);
     let raw_labels = match obj.get("labels") {
         Some(Value::Array(a)) => a,
         Some(other) => {
@@ -117,7 +118,11 @@ pub fn parse_request(body: &[u8]) -> Result<RewardBatch, BadRequest> {
                 kind(other)
             )))
         }
-        None => return Err(BadRequest("missing field `labels` (a list of sorft reward labels)".into())),
+        None => {
+            return Err(BadRequest(
+                "missing field `labels` (a list of sorft reward labels)".into(),
+            ))
+        }
     };
     if prompts.len() != queries.len() || raw_labels.len() != queries.len() {
         return Err(BadRequest(format!(
@@ -134,7 +139,10 @@ pub fn parse_request(body: &[u8]) -> Result<RewardBatch, BadRequest> {
             let parsed = match l {
                 Value::String(s) => RewardLabel::parse(s),
                 Value::Object(_) => RewardLabel::parse(&l.to_string()),
-                other => Err(format!("must be a label string or object, not {}", kind(other))),
+                other => Err(format!(
+                    "must be a label string or object, not {}",
+                    kind(other)
+                )),
             };
             parsed.map_err(|e| BadRequest(format!("`labels` item {i}: {e}")))
         })
