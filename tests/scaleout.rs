@@ -699,7 +699,7 @@ fn hostile_requests_get_clear_errors_and_stall_no_one() {
     let addr = server.addr.clone();
     let rec = &d.records[0];
     let label = RewardLabel::from_record(rec).to_json();
-    let good = request(&[gold(rec)], &[label.clone()], &[String::new()]);
+    let good = request(&[gold(rec)], &[label], &[String::new()]);
     // Slow clients first: a body that never completes and headers that never end.
     let mut slow_body = TcpStream::connect(&addr).unwrap();
     slow_body
