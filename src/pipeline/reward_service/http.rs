@@ -237,6 +237,7 @@ async fn route(
                 "workers": state.cfg.workers,
                 "queue_capacity": state.cfg.queue,
                 "queued": state.metrics.queued.load(Ordering::Relaxed),
+                "scoring": state.metrics.scoring.load(Ordering::Relaxed),
                 "execution": state.scorer.executor.is_some(),
             }),
         ),
@@ -319,6 +320,8 @@ async fn reward(req: Request<Incoming>, state: &State) -> Answer {
     let n = batch.len();
     let deadline = t0 + state.cfg.request_timeout;
     let (tx, rx) = tokio::sync::oneshot::channel();
+    // Counted before the send so that a worker's decrement never comes first.
+    state.metrics.queued.fetch_add(1, Ordering::Relaxed);
     let sent = {
         let guard = state.jobs.lock().ok();
         match guard.as_ref().and_then(|g| g.as_ref()) {
@@ -327,13 +330,18 @@ async fn reward(req: Request<Incoming>, state: &State) -> Answer {
                 deadline,
                 reply: tx,
             }),
-            None => return error(state, StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+            None => Err(TrySendError::Disconnected(Job {
+                batch,
+                deadline,
+                reply: tx,
+            })),
         }
     };
+    if sent.is_err() {
+        state.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+    }
     match sent {
-        Ok(()) => {
-            state.metrics.queued.fetch_add(1, Ordering::Relaxed);
-        }
+        Ok(()) => {}
         Err(TrySendError::Full(_)) => {
             return error(
                 state,
