@@ -5,6 +5,7 @@ pub mod data;
 pub mod device;
 pub mod doctor;
 pub mod eval;
+pub mod export;
 pub mod failforge;
 pub mod faultbench;
 pub mod generate;
@@ -19,6 +20,8 @@ pub mod rl;
 pub mod sandbox;
 pub mod score;
 pub mod selftest;
+#[cfg(feature = "serve")]
+pub mod serve_reward;
 pub mod sft;
 
 use clap::{Parser, Subcommand};
@@ -73,6 +76,11 @@ pub enum Command {
     /// FailForge over a finished rejection-sampling run: diagnose failed prompts, retry with
     /// skills, add the successes without the skill; optionally compare corpora on held-out data.
     Failforge(failforge::FailforgeArgs),
+    /// Subtask prompts with ground truth as a veRL (parquet) or OpenRLHF (JSONL) dataset.
+    Export(export::ExportArgs),
+    /// Serve sorft's rewards over HTTP (OpenRLHF remote reward model protocol).
+    #[cfg(feature = "serve")]
+    ServeReward(serve_reward::ServeRewardArgs),
 }
 
 /// Sets up `tracing` output on stderr at the level the `-v` flags ask for.
@@ -144,6 +152,9 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Monitor(a) => monitor::run(a),
         Command::Faultbench(a) => faultbench::run(a),
         Command::Failforge(a) => failforge::run(a),
+        Command::Export(a) => export::run(a),
+        #[cfg(feature = "serve")]
+        Command::ServeReward(a) => serve_reward::run(a),
     }
 }
 

@@ -3,6 +3,8 @@
 pub mod augment;
 pub mod compare;
 pub mod config;
+pub mod export;
 pub mod failforge;
 pub mod plot;
 pub mod repro;
+pub mod reward_service;
