@@ -90,6 +90,12 @@ pub struct Stage1Config {
     /// only renamed copies are trained on, so copying the name from the prompt is the only way
     /// to name a file right.
     pub keep_originals: bool,
+    /// How teacher samples become SFT data: `rejection` (built-in teacher, outcome filter),
+    /// `outcome` (flawed multi-step teacher, outcome filter) or `p2t` (the same teacher curated
+    /// against the gold patch's process graph; see `rft::p2t`).
+    pub curation: crate::rft::p2t::Curation,
+    /// The flawed teacher and the P2T forward phase.
+    pub p2t: crate::rft::p2t::P2tConfig,
 }
 
 impl Default for Stage1Config {
@@ -103,6 +109,8 @@ impl Default for Stage1Config {
             max_len: 2048,
             renames: 2,
             keep_originals: false,
+            curation: crate::rft::p2t::Curation::default(),
+            p2t: crate::rft::p2t::P2tConfig::default(),
         }
     }
 }

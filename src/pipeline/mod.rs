@@ -2,5 +2,6 @@
 
 pub mod augment;
 pub mod config;
+pub mod p2t_stage1;
 pub mod plot;
 pub mod repro;

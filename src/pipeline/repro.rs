@@ -467,8 +467,14 @@ pub fn run_repro<B: Backend>(
     let mut teacher = BuiltinTeacher {
         temperature: cfg.stage1.teacher_temperature,
     };
-    let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let (kept_idx, acceptance) = rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+    let (kept_idx, acceptance, curation_md) = match cfg.stage1.curation {
+        crate::rft::p2t::Curation::Rejection => {
+            let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
+            let (k, a) = rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+            (k, a, String::new())
+        }
+        mode => crate::pipeline::p2t_stage1::curate(out, &items, &train, mode, cfg)?,
+    };
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
     for (i, conv) in kept_idx {
@@ -602,7 +608,7 @@ pub fn run_repro<B: Backend>(
             writeln!(
                 f,
                 "{}",
-                serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch})
+                serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch, "rewards": o.rewards, "resolved": o.resolved, "answer_chars": o.answers.values().map(String::len).sum::<usize>()})
             )?;
         }
         f.flush()?;
@@ -635,6 +641,7 @@ pub fn run_repro<B: Backend>(
         instances: (train.len(), held.len()),
     };
     write_report(cfg, dev, out, &summary)?;
+    crate::pipeline::p2t_stage1::append(&out.join("report.md"), &curation_md)?;
     status.bar.finish_and_clear();
     Ok(summary)
 }

@@ -5,6 +5,7 @@ pub mod eval;
 pub mod kl;
 pub mod monitor;
 pub mod openai;
+pub mod p2t;
 pub mod ppo;
 pub mod rl;
 pub mod rl_run;
