@@ -50,7 +50,12 @@ pub fn graph_cmd(instances: &Path, repos: &Path, out: Option<&Path>) -> Result<(
 
 /// Prints a paired comparison of run `b` against run `a` at each checkpoint.
 pub fn compare_cmd(a: &Path, b: &Path, seed: u64) -> Result<()> {
-    println!("a = {}\nb = {}\n\n{}", a.display(), b.display(), p2t::compare::HEADER);
+    println!(
+        "a = {}\nb = {}\n\n{}",
+        a.display(),
+        b.display(),
+        p2t::compare::HEADER
+    );
     for stage in ["initial", "sft", "sft+rl"] {
         println!("{}", p2t::compare::compare(a, b, stage, seed)?);
     }

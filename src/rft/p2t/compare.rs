@@ -44,15 +44,22 @@ pub fn read_run(dir: &Path, stage: &str) -> Result<BTreeMap<String, Row>, Compar
     };
     let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
     let mut out = BTreeMap::new();
-    for (k, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (k, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let v: serde_json::Value =
             serde_json::from_str(line).map_err(|e| err(format!("line {}: {e}", k + 1)))?;
         let id = v["instance_id"]
             .as_str()
             .ok_or_else(|| err(format!("line {}: no instance_id", k + 1)))?;
-        let rewards = v["rewards"]
-            .as_object()
-            .ok_or_else(|| err(format!("line {}: no rewards (a run made before P2T)", k + 1)))?;
+        let rewards = v["rewards"].as_object().ok_or_else(|| {
+            err(format!(
+                "line {}: no rewards (a run made before P2T)",
+                k + 1
+            ))
+        })?;
         let r = |s: &str| rewards.get(s).and_then(|x| x.as_f64()).unwrap_or(0.0);
         out.insert(
             id.to_string(),
@@ -138,7 +145,10 @@ mod tests {
     fn paired_rows_compare_and_unpaired_runs_are_errors() {
         let a = tempfile::tempdir().unwrap();
         let b = tempfile::tempdir().unwrap();
-        write(a.path(), &[("x", 0.0, false, 100.0), ("y", 1.0, true, 200.0)]);
+        write(
+            a.path(),
+            &[("x", 0.0, false, 100.0), ("y", 1.0, true, 200.0)],
+        );
         write(b.path(), &[("x", 1.0, true, 50.0), ("y", 1.0, true, 100.0)]);
         let row = compare(a.path(), b.path(), "sft", 0).unwrap();
         assert!(row.contains("| 2 | 0.250 -> 0.500 |"), "{row}");
@@ -146,8 +156,14 @@ mod tests {
         assert!(row.contains("150 -> 75"), "{row}");
         write(b.path(), &[("x", 1.0, true, 50.0)]);
         assert!(compare(a.path(), b.path(), "sft", 0).is_err());
-        std::fs::write(b.path().join("predictions_sft.jsonl"), "{\"instance_id\": \"x\"}\n").unwrap();
-        let e = compare(a.path(), b.path(), "sft", 0).unwrap_err().to_string();
+        std::fs::write(
+            b.path().join("predictions_sft.jsonl"),
+            "{\"instance_id\": \"x\"}\n",
+        )
+        .unwrap();
+        let e = compare(a.path(), b.path(), "sft", 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no rewards"), "{e}");
     }
 }

@@ -75,7 +75,12 @@ impl Default for FlawedTeacher {
 }
 
 /// The built-in teacher's thought and answer for a record.
-fn builtin_sample(temperature: f64, rec: &SubtaskRecord, problem: &str, seed: u64) -> (String, String) {
+fn builtin_sample(
+    temperature: f64,
+    rec: &SubtaskRecord,
+    problem: &str,
+    seed: u64,
+) -> (String, String) {
     let mut t = BuiltinTeacher { temperature };
     let item = TeacherItem {
         record: rec,
@@ -126,7 +131,10 @@ impl FlawedTeacher {
             }
             Subtask::Function => {
                 let f = choose(rng, &rec.shown.functions)?;
-                format!("`{}` in {} could also be responsible, let me check it.", f.name, f.path)
+                format!(
+                    "`{}` in {} could also be responsible, let me check it.",
+                    f.name, f.path
+                )
             }
             Subtask::Line | Subtask::Edit => {
                 let (p, n, code) = choose(rng, &shown_lines(rec))?.clone();
@@ -138,7 +146,8 @@ impl FlawedTeacher {
 
     /// A peek: a fact of a later stage, cited before it was shown.
     fn peek_step(&self, inst: &BlindInstance, stage: Subtask, rng: &mut SplitMix) -> Option<Step> {
-        let later: Vec<&SubtaskRecord> = inst.records.iter().filter(|r| r.subtask > stage).collect();
+        let later: Vec<&SubtaskRecord> =
+            inst.records.iter().filter(|r| r.subtask > stage).collect();
         let rec = *choose(rng, &later)?;
         let text = match rec.subtask {
             Subtask::File => return None,
@@ -164,7 +173,12 @@ impl FlawedTeacher {
     }
 
     /// The next step after `prefix`, or `None` once every stage is answered.
-    pub fn next_step(&self, inst: &BlindInstance, prefix: &[Step], rng: &mut SplitMix) -> Option<Step> {
+    pub fn next_step(
+        &self,
+        inst: &BlindInstance,
+        prefix: &[Step],
+        rng: &mut SplitMix,
+    ) -> Option<Step> {
         let stage = current_stage(&inst.chain(), prefix)?;
         let rec = inst.record(stage)?;
         let in_stage: Vec<&Step> = prefix.iter().filter(|s| s.stage == stage).collect();
@@ -202,14 +216,21 @@ impl FlawedTeacher {
                 return Some(Step::answer(stage, &p));
             }
         }
-        let (thought, answer) = builtin_sample(self.temperature, rec, &inst.problem, rng.next_u64());
+        let (thought, answer) =
+            builtin_sample(self.temperature, rec, &inst.problem, rng.next_u64());
         let mut s = Step::reason(stage, &thought);
         s.plan = Some(answer);
         Some(s)
     }
 
     /// Up to `n` steps continuing `prefix`, deterministic in `seed`.
-    pub fn continue_from(&self, inst: &BlindInstance, prefix: &[Step], n: usize, seed: u64) -> Vec<Step> {
+    pub fn continue_from(
+        &self,
+        inst: &BlindInstance,
+        prefix: &[Step],
+        n: usize,
+        seed: u64,
+    ) -> Vec<Step> {
         let mut rng = SplitMix::new(random_u64(seed, 0xf1a3, prefix.len() as u64));
         let mut all = prefix.to_vec();
         let mut out = Vec::new();

@@ -2,8 +2,8 @@
 //! blinded teacher samples candidate segments; each prefix of a candidate is scored by its
 //! effectiveness, windowed progress (mean Prog_t, clipped to [0, 1]) times groundedness (share of
 //! grounded steps); with the gate on, a segment with an ungrounded step is rejected. The shortest
-//! prefix that clears the floor wins (ties: higher effectiveness, then earlier candidate); up to
-//! half a window of it is committed and the window advances. Ablations: `gate = false` scores
+//! prefix that clears the floor wins (ties: higher effectiveness, then earlier candidate); it is
+//! committed (at most `commit` steps of it) and the next window starts after it. Ablations: `gate = false` scores
 //! without the groundedness check; `shortest = false` takes the most effective whole candidate.
 
 use std::collections::BTreeSet;
@@ -34,6 +34,9 @@ pub struct ForwardConfig {
     pub shortest: bool,
     /// Windows in a row without an effective candidate before the instance is given up.
     pub patience: usize,
+    /// Most steps of a chosen segment committed before the window advances (0: the whole
+    /// segment; `window / 2`: the paper's half-window advance, which costs more teacher steps).
+    pub commit: usize,
     /// Penalties of Prog_t.
     pub progress: ProgressConfig,
 }
@@ -42,11 +45,12 @@ impl Default for ForwardConfig {
     fn default() -> Self {
         Self {
             window: 4,
-            candidates: 3,
-            floor: 0.5,
+            candidates: 2,
+            floor: 0.6,
             gate: true,
             shortest: true,
-            patience: 3,
+            patience: 8,
+            commit: 0,
             progress: ProgressConfig::default(),
         }
     }
@@ -161,9 +165,13 @@ pub fn curate(
     let mut est = BTreeSet::new();
     let mut misses = 0;
     let mut round = 0u64;
-    let half = cfg.window.div_ceil(2).max(1);
+    let most = if cfg.commit == 0 {
+        usize::MAX
+    } else {
+        cfg.commit
+    };
     while current_stage(&chain, &out.steps).is_some() && misses < cfg.patience {
-        if out.sampled_steps + cfg.window.max(1) > budget.max(cfg.window.max(1)) {
+        if out.sampled_steps + cfg.window.max(1) * cfg.candidates.max(1) > budget {
             break;
         }
         let cands: Vec<Vec<Step>> = (0..cfg.candidates.max(1))
@@ -183,7 +191,7 @@ pub fn curate(
             continue;
         };
         misses = 0;
-        for st in cands[pick.candidate].iter().take(pick.len.min(half)) {
+        for st in cands[pick.candidate].iter().take(pick.len.min(most)) {
             score_step(g, st, &mut est, &cfg.progress);
             out.steps.push(st.clone());
         }
@@ -192,15 +200,27 @@ pub fn curate(
     out
 }
 
-/// Outcome-only rollouts (the baseline): `k` whole trajectories of at most `max_steps` steps.
+/// Outcome-only rollouts (the baseline): whole trajectories of at most `max_steps` steps, at
+/// least `k` and more while fewer than `budget` teacher steps were sampled.
 pub fn rollouts(
     inst: &BlindInstance,
     teacher: &FlawedTeacher,
     k: usize,
     max_steps: usize,
+    budget: usize,
     seed: u64,
 ) -> Vec<Vec<Step>> {
-    (0..k)
-        .map(|j| teacher.continue_from(inst, &[], max_steps, random_u64(seed, 0x0c0e, j as u64)))
-        .collect()
+    let mut out: Vec<Vec<Step>> = Vec::new();
+    let mut used = 0;
+    while out.len() < k || used < budget {
+        let t = teacher.continue_from(
+            inst,
+            &[],
+            max_steps.max(1),
+            random_u64(seed, 0x0c0e, out.len() as u64),
+        );
+        used += t.len().max(1);
+        out.push(t);
+    }
+    out
 }

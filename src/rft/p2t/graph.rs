@@ -168,7 +168,10 @@ impl ProcessGraph {
             }
         }
         let renum = |i: usize| if i > id { i - 1 } else { i };
-        self.edges = edges.into_iter().map(|(p, d)| (renum(p), renum(d))).collect();
+        self.edges = edges
+            .into_iter()
+            .map(|(p, d)| (renum(p), renum(d)))
+            .collect();
         self.edges.sort();
         self.nodes.remove(id);
         for (i, n) in self.nodes.iter_mut().enumerate() {

@@ -27,6 +27,23 @@ fn paths(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The quotes of a reasoning step that refer to something (at the edit stage, code proposed
+/// after "to" or "read", as in "changing `a` to `b`", is new code, not a reference).
+fn quoted_references(step: &Step) -> Vec<&str> {
+    if step.stage != Subtask::Edit {
+        return quotes(&step.text);
+    }
+    let parts: Vec<&str> = step.text.split('`').collect();
+    (1..parts.len())
+        .step_by(2)
+        .filter(|&i| {
+            let before = parts[i - 1].trim_end();
+            !(before.ends_with(" to") || before.ends_with(" read")) && !parts[i].trim().is_empty()
+        })
+        .map(|i| parts[i])
+        .collect()
+}
+
 /// The entities a step names.
 pub fn entities(step: &Step) -> Vec<Entity> {
     let mut out: Vec<Entity> = Vec::new();
@@ -37,7 +54,7 @@ pub fn entities(step: &Step) -> Vec<Entity> {
     };
     match step.kind {
         StepKind::Reason => {
-            for q in quotes(&step.text) {
+            for q in quoted_references(step) {
                 push(Entity::Text(q.trim().to_string()));
             }
             for p in paths(&step.text) {
@@ -100,8 +117,9 @@ mod tests {
 
     fn seen() -> Seen {
         Seen {
-            text: "from pkg import money\nprint(money.Money(1).split(3))\npkg/money.py\nMoney.split"
-                .into(),
+            text:
+                "from pkg import money\nprint(money.Money(1).split(3))\npkg/money.py\nMoney.split"
+                    .into(),
             windows: vec![Window {
                 path: "pkg/money.py".into(),
                 start_line: 10,
@@ -134,6 +152,13 @@ mod tests {
         assert_eq!(
             unseen(&far, &seen()),
             vec![Entity::Line("pkg/money.py".into(), 40)]
+        );
+        // At the edit stage a proposed replacement is new code; at earlier stages it is a leak.
+        let propose = "Changing `return [self] * n` to `return [self] * (n + 1)` fixes it.";
+        assert!(unseen(&Step::reason(Subtask::Edit, propose), &seen()).is_empty());
+        assert_eq!(
+            unseen(&Step::reason(Subtask::Line, propose), &seen()).len(),
+            1
         );
         let func = Step::answer(
             Subtask::Function,

@@ -49,8 +49,9 @@ pub struct P2tConfig {
     pub teacher: FlawedTeacher,
     /// The forward phase.
     pub forward: ForwardConfig,
-    /// Longest outcome rollout in steps (the teacher budget of an instance is the steps its
-    /// `samples_per_prompt` rollouts took; P2T gets the same).
+    /// Teacher steps per sample: an instance's teacher budget is `samples_per_prompt` times this,
+    /// for outcome filtering (whole rollouts of at most this many steps, as many as the budget
+    /// allows) and for P2T alike.
     pub max_steps: usize,
 }
 
@@ -136,7 +137,10 @@ fn by_instance(items: &[TeacherItem<'_>]) -> Vec<(String, Vec<usize>)> {
 }
 
 /// G* of every instance of `items` (`failing` maps instance ids to their failing tests).
-pub fn graphs(items: &[TeacherItem<'_>], failing: &BTreeMap<String, Vec<String>>) -> Vec<ProcessGraph> {
+pub fn graphs(
+    items: &[TeacherItem<'_>],
+    failing: &BTreeMap<String, Vec<String>>,
+) -> Vec<ProcessGraph> {
     by_instance(items)
         .into_iter()
         .map(|(id, idx)| {
@@ -180,7 +184,12 @@ pub fn curate_stage1(
     let mut kept = Vec::new();
     let mut acc: BTreeMap<String, Acceptance> = BTreeMap::new();
     let mut stats = CurationStats {
-        mode: if mode == Curation::P2t { "p2t" } else { "outcome" }.into(),
+        mode: if mode == Curation::P2t {
+            "p2t"
+        } else {
+            "outcome"
+        }
+        .into(),
         instances: groups.len(),
         ..CurationStats::default()
     };
@@ -190,14 +199,15 @@ pub fn curate_stage1(
         let obs = Observations::of(&recs);
         let blind = BlindInstance::new(&recs, items[idx[0]].problem);
         let iseed = crate::engine::rng::random_u64(seed, 0x9279, n as u64);
-        let outs = forward::rollouts(&blind, &cfg.teacher, samples_per_prompt.max(1), cfg.max_steps, iseed);
-        let budget: usize = outs.iter().map(Vec::len).sum();
+        let budget = samples_per_prompt.max(1) * cfg.max_steps;
         let trajectories: Vec<Vec<Step>> = if mode == Curation::P2t {
             let c = forward::curate(g, &obs, &blind, &cfg.teacher, &cfg.forward, budget, iseed);
             stats.sampled_steps += c.sampled_steps;
             vec![c.steps]
         } else {
-            stats.sampled_steps += budget;
+            let k = samples_per_prompt.max(1);
+            let outs = forward::rollouts(&blind, &cfg.teacher, k, cfg.max_steps, budget, iseed);
+            stats.sampled_steps += outs.iter().map(Vec::len).sum::<usize>();
             outs
         };
         let mut seen: BTreeSet<(usize, String)> = BTreeSet::new();
@@ -220,18 +230,29 @@ pub fn curate_stage1(
                     continue;
                 }
                 a.kept += 1;
-                let in_stage: Vec<usize> = (0..t.len()).filter(|&k| t[k].stage == rec.subtask).collect();
+                let in_stage: Vec<usize> = (0..t.len())
+                    .filter(|&k| t[k].stage == rec.subtask)
+                    .collect();
                 tally.chars += resp.len();
                 tally.steps += in_stage.len();
-                tally.reason += in_stage.iter().filter(|&&k| t[k].kind == trajectory::StepKind::Reason).count();
+                tally.reason += in_stage
+                    .iter()
+                    .filter(|&&k| t[k].kind == trajectory::StepKind::Reason)
+                    .count();
                 tally.grounded += in_stage
                     .iter()
                     .filter(|&&k| grounded::unseen(&t[k], &obs.seen(rec.subtask)).is_empty())
                     .count();
-                tally.jumps += in_stage.iter().map(|&k| scores[k].jumps.len()).sum::<usize>();
+                tally.jumps += in_stage
+                    .iter()
+                    .map(|&k| scores[k].jumps.len())
+                    .sum::<usize>();
                 kept.push((
                     i,
-                    vec![Message::new("user", &rec.prompt), Message::new("assistant", &resp)],
+                    vec![
+                        Message::new("user", &rec.prompt),
+                        Message::new("assistant", &resp),
+                    ],
                 ));
             }
         }
@@ -242,6 +263,7 @@ pub fn curate_stage1(
     stats.mean_reason_steps = tally.reason as f64 / n;
     stats.grounded_share = tally.grounded as f64 / tally.steps.max(1) as f64;
     stats.jumps_per_response = tally.jumps as f64 / n;
-    stats.mean_graph_nodes = gs.iter().map(|g| g.nodes.len()).sum::<usize>() as f64 / gs.len().max(1) as f64;
+    stats.mean_graph_nodes =
+        gs.iter().map(|g| g.nodes.len()).sum::<usize>() as f64 / gs.len().max(1) as f64;
     ((kept, acc), stats, gs)
 }

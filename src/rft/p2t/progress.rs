@@ -2,7 +2,9 @@
 //! when it names the node and the node is reachable (its prerequisites were established before,
 //! or earlier in the same step); naming a node before its prerequisites is a jump, penalised; an
 //! answer that names none of its stage's milestones commits to a wrong target, also penalised.
-//! Repeated steps name only established nodes and score nothing.
+//! Reasoning that names a reachable milestone of the chain (the file it will answer, the fix it
+//! proposes) earns half a node, once. Repeated steps name only established nodes and score
+//! nothing.
 
 use std::collections::BTreeSet;
 
@@ -39,6 +41,8 @@ impl Default for ProgressConfig {
 pub struct StepScore {
     /// Nodes it established.
     pub established: Vec<usize>,
+    /// Reachable milestones its reasoning named for the first time (half credit each).
+    pub approached: Vec<usize>,
     /// Nodes it named before their prerequisites.
     pub jumps: Vec<usize>,
     /// An answer naming none of its stage's milestones.
@@ -47,9 +51,13 @@ pub struct StepScore {
     pub progress: f64,
 }
 
+/// Offset of the marks of approached milestones in the established set.
+const APPROACHED: usize = 1 << 40;
+
 /// Whether a node's surface is matched as a whole word (module names, definition names in the issue).
 fn word_matched(n: &Node) -> bool {
-    n.kind == NodeKind::Module || (n.kind == NodeKind::IssueEvidence && n.stage == Subtask::Function)
+    n.kind == NodeKind::Module
+        || (n.kind == NodeKind::IssueEvidence && n.stage == Subtask::Function)
 }
 
 /// Whether an answer step names a milestone.
@@ -124,7 +132,12 @@ pub fn score_step(
                 established.insert(id);
                 s.established.push(id);
             }
-            (true, false) => {} // reasoning that mentions a reachable milestone: neutral
+            (true, false) => {
+                // Reasoning that names a reachable milestone approaches it: half credit, once.
+                if established.insert(APPROACHED + id) {
+                    s.approached.push(id);
+                }
+            }
             (false, _) => s.jumps.push(id),
         }
     }
@@ -135,10 +148,10 @@ pub fn score_step(
             .filter(|n| n.stage == step.stage && n.kind.is_milestone())
             .map(|n| n.id)
             .collect();
-        s.off_target = !stage_milestones.is_empty()
-            && !stage_milestones.iter().any(|m| names.contains(m));
+        s.off_target =
+            !stage_milestones.is_empty() && !stage_milestones.iter().any(|m| names.contains(m));
     }
-    s.progress = s.established.len() as f64
+    s.progress = s.established.len() as f64 + 0.5 * s.approached.len() as f64
         - cfg.jump_penalty * s.jumps.len() as f64
         - if s.off_target {
             cfg.off_target_penalty
@@ -151,5 +164,8 @@ pub fn score_step(
 /// Scores every step of a trajectory from nothing established.
 pub fn score_all(g: &ProcessGraph, steps: &[Step], cfg: &ProgressConfig) -> Vec<StepScore> {
     let mut est = BTreeSet::new();
-    steps.iter().map(|st| score_step(g, st, &mut est, cfg)).collect()
+    steps
+        .iter()
+        .map(|st| score_step(g, st, &mut est, cfg))
+        .collect()
 }

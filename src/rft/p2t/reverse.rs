@@ -92,8 +92,20 @@ pub fn propose(input: &ReverseInput<'_>) -> ProcessGraph {
             })
             .into_iter()
             .collect();
-        let module = g.add(NodeKind::Module, Subtask::File, &s, vec![s.clone()], &evidence);
-        let file = g.add(NodeKind::File, Subtask::File, path, vec![path.clone()], &[module]);
+        let module = g.add(
+            NodeKind::Module,
+            Subtask::File,
+            &s,
+            vec![s.clone()],
+            &evidence,
+        );
+        let file = g.add(
+            NodeKind::File,
+            Subtask::File,
+            path,
+            vec![path.clone()],
+            &[module],
+        );
         file_ids.insert(path, file);
     }
     let mut def_ids: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -118,7 +130,7 @@ pub fn propose(input: &ReverseInput<'_>) -> ProcessGraph {
         );
         def_ids.entry(f.path.as_str()).or_default().push(d);
     }
-    let test_nodes: Vec<usize> = {
+    {
         let mut surface: Vec<String> = input
             .failing_tests
             .iter()
@@ -127,15 +139,17 @@ pub fn propose(input: &ReverseInput<'_>) -> ProcessGraph {
             .collect();
         surface.extend(failure_messages(input.problem));
         surface.dedup();
-        if surface.is_empty() {
-            Vec::new()
-        } else {
+        if !surface.is_empty() {
             let label = input.failing_tests.first().cloned().unwrap_or_default();
-            vec![g.add(NodeKind::FailingTest, Subtask::Line, &label, surface, &[])]
+            g.add(NodeKind::FailingTest, Subtask::Line, &label, surface, &[]);
         }
-    };
+    }
     let view_of = |path: &str, line: usize| -> Option<String> {
-        let v = input.observations.stages.iter().find(|v| v.stage == Subtask::Line)?;
+        let v = input
+            .observations
+            .stages
+            .iter()
+            .find(|v| v.stage == Subtask::Line)?;
         v.windows
             .iter()
             .filter(|w| w.path == path && line >= w.start_line && line < w.start_line + w.len())
@@ -151,7 +165,13 @@ pub fn propose(input: &ReverseInput<'_>) -> ProcessGraph {
         let code = view_of(&l.path, l.line).unwrap_or_default();
         let mut fl_pre = pre.clone();
         if !code.is_empty() {
-            fl_pre.push(g.add(NodeKind::Computes, Subtask::Line, &code, vec![code.clone()], &pre));
+            fl_pre.push(g.add(
+                NodeKind::Computes,
+                Subtask::Line,
+                &code,
+                vec![code.clone()],
+                &pre,
+            ));
         }
         let id = g.add(
             NodeKind::FaultyLine,
@@ -172,9 +192,13 @@ pub fn propose(input: &ReverseInput<'_>) -> ProcessGraph {
             .filter(|l| !l.is_empty() && !old.contains(l))
             .map(str::to_string)
             .collect();
-        let mut pre = line_ids.get(e.path.as_str()).cloned().unwrap_or_default();
-        pre.extend(&test_nodes);
-        let label = new.first().cloned().unwrap_or_else(|| format!("delete in {}", e.path));
+        // The failing test's message is context the fix may cite, not a prerequisite: a
+        // teacher that never quotes it still reaches the fix through the faulty line.
+        let pre = line_ids.get(e.path.as_str()).cloned().unwrap_or_default();
+        let label = new
+            .first()
+            .cloned()
+            .unwrap_or_else(|| format!("delete in {}", e.path));
         g.add(NodeKind::Fix, Subtask::Edit, &label, new, &pre);
     }
     g
@@ -191,9 +215,10 @@ fn undiscoverable(g: &ProcessGraph, id: usize, obs: &Observations) -> Option<Str
         NodeKind::Fix => None,
         NodeKind::FaultyLine => {
             let (path, line) = n.line.clone()?;
-            let shown = seen.windows.iter().any(|w| {
-                w.path == path && line >= w.start_line && line < w.start_line + w.len()
-            });
+            let shown = seen
+                .windows
+                .iter()
+                .any(|w| w.path == path && line >= w.start_line && line < w.start_line + w.len());
             (!shown).then(|| format!("line {line} of {path} is in no shown window"))
         }
         NodeKind::Module => n
@@ -201,8 +226,9 @@ fn undiscoverable(g: &ProcessGraph, id: usize, obs: &Observations) -> Option<Str
             .iter()
             .all(|s| !has_word(&seen.text, s))
             .then(|| format!("no view by the {} stage names {}", n.stage.name(), n.label)),
-        NodeKind::IssueEvidence if n.stage == Subtask::Function => (!has_word(&seen.text, &n.label))
-            .then(|| format!("{} is never shown", n.label)),
+        NodeKind::IssueEvidence if n.stage == Subtask::Function => {
+            (!has_word(&seen.text, &n.label)).then(|| format!("{} is never shown", n.label))
+        }
         _ => n
             .surface
             .iter()
