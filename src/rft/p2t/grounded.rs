@@ -38,7 +38,7 @@ fn quoted_references(step: &Step) -> Vec<&str> {
         .step_by(2)
         .filter(|&i| {
             let before = parts[i - 1].trim_end();
-            !(before.ends_with(" to") || before.ends_with(" read")) && !parts[i].trim().is_empty()
+            !(before.ends_with(" to") || before.ends_with(" read") || parts[i].trim().is_empty())
         })
         .map(|i| parts[i])
         .collect()
