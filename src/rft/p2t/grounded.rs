@@ -94,7 +94,10 @@ pub fn entities(step: &Step) -> Vec<Entity> {
 /// Whether `seen` shows an entity.
 pub fn shows(seen: &Seen, e: &Entity) -> bool {
     match e {
-        Entity::Text(t) => seen.text.contains(t.as_str()),
+        Entity::Text(t) => {
+            seen.text.contains(t.as_str())
+                || seen.windows.iter().any(|w| w.text.contains(t.as_str()))
+        }
         Entity::Line(path, n) => seen
             .windows
             .iter()
