@@ -14,6 +14,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod p2t;
+
 /// Arguments of `sorft data`.
 #[derive(Args, Debug)]
 pub struct DataArgs {
@@ -61,6 +63,28 @@ pub enum DataCommand {
         #[arg(long, default_value_t = 0)]
         distractors: usize,
     },
+    /// Print G*, the P2T process graph of every instance (typed nodes, prerequisites, pruned nodes).
+    Graph {
+        /// Instance JSONL file.
+        #[arg(long)]
+        instances: PathBuf,
+        /// Folder of git mirrors (`owner__name`).
+        #[arg(long)]
+        repos: PathBuf,
+        /// Also write the graphs as JSONL here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Compare two `sorft repro` runs on their held-out instances, paired (B against A).
+    Compare {
+        /// Output folder of run A.
+        a: PathBuf,
+        /// Output folder of run B.
+        b: PathBuf,
+        /// Seed of the bootstrap.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Summarise an instance file or a subtask file.
     Stats {
         /// The JSONL file.
@@ -95,6 +119,12 @@ pub fn run(args: DataArgs) -> Result<()> {
             out,
             distractors,
         } => subtasks_cmd(&instances, &repos, &out, distractors),
+        DataCommand::Graph {
+            instances,
+            repos,
+            out,
+        } => p2t::graph_cmd(&instances, &repos, out.as_deref()),
+        DataCommand::Compare { a, b, seed } => p2t::compare_cmd(&a, &b, seed),
         DataCommand::Stats { file } => stats_cmd(&file),
     }
 }

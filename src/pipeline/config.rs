@@ -100,6 +100,12 @@ pub struct Stage1Config {
     /// FailForge after the rejection filter: diagnose the prompts whose samples all failed, retry
     /// them with a skill, add the successes with the skill removed (knobs in `[failforge]`).
     pub failforge: bool,
+    /// How teacher samples become SFT data: `rejection` (built-in teacher, outcome filter),
+    /// `outcome` (flawed multi-step teacher, outcome filter) or `p2t` (the same teacher curated
+    /// against the gold patch's process graph; see `rft::p2t`).
+    pub curation: crate::rft::p2t::Curation,
+    /// The flawed teacher and the P2T forward phase.
+    pub p2t: crate::rft::p2t::P2tConfig,
 }
 
 impl Default for Stage1Config {
@@ -115,6 +121,8 @@ impl Default for Stage1Config {
             keep_originals: false,
             edit_acceptance: crate::rft::accept::EditAcceptance::Execution,
             failforge: false,
+            curation: crate::rft::p2t::Curation::default(),
+            p2t: crate::rft::p2t::P2tConfig::default(),
         }
     }
 }

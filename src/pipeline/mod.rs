@@ -5,6 +5,7 @@ pub mod compare;
 pub mod config;
 pub mod export;
 pub mod failforge;
+pub mod p2t_stage1;
 pub mod plot;
 pub mod repro;
 pub mod reward_service;

@@ -516,20 +516,30 @@ pub fn run_repro<B: Backend>(
     let mut teacher = BuiltinTeacher {
         temperature: cfg.stage1.teacher_temperature,
     };
-    let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let executed = stage1_execution(cfg, &items, &samples, &train, &data.join("repos"))?;
-    let (mut kept_idx, acceptance) = rejection_filter_checked(
-        &items,
-        &samples,
-        cfg.stage2.edit_reward,
-        executed.as_deref(),
-    );
-    let failforge_md = if cfg.stage1.failforge {
-        let (recovered, md) = crate::pipeline::failforge::repro_stage(cfg, &items, &samples, out)?;
-        kept_idx.extend(recovered);
-        md
-    } else {
-        String::new()
+    let (kept_idx, acceptance, curation_md, failforge_md) = match cfg.stage1.curation {
+        crate::rft::p2t::Curation::Rejection => {
+            let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
+            let executed = stage1_execution(cfg, &items, &samples, &train, &data.join("repos"))?;
+            let (mut k, a) = rejection_filter_checked(
+                &items,
+                &samples,
+                cfg.stage2.edit_reward,
+                executed.as_deref(),
+            );
+            let failforge_md = if cfg.stage1.failforge {
+                let (recovered, md) =
+                    crate::pipeline::failforge::repro_stage(cfg, &items, &samples, out)?;
+                k.extend(recovered);
+                md
+            } else {
+                String::new()
+            };
+            (k, a, String::new(), failforge_md)
+        }
+        mode => {
+            let (k, a, md) = crate::pipeline::p2t_stage1::curate(out, &items, &train, mode, cfg)?;
+            (k, a, md, String::new())
+        }
     };
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 2));
     let mut kept = Vec::new();
@@ -660,6 +670,7 @@ pub fn run_repro<B: Backend>(
     };
     write_report(cfg, dev, out, &summary)?;
     crate::pipeline::failforge::append_to_report(out, &failforge_md)?;
+    crate::pipeline::p2t_stage1::append(&out.join("report.md"), &curation_md)?;
     status.bar.finish_and_clear();
     Ok(summary)
 }
@@ -768,7 +779,7 @@ fn evaluate_stage<B: Backend>(
         writeln!(
             f,
             "{}",
-            serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch})
+            serde_json::json!({"instance_id": o.instance_id, "model_name_or_path": format!("sorft-{name}"), "model_patch": o.patch, "rewards": o.rewards, "resolved": o.resolved, "answer_chars": o.answers.values().map(String::len).sum::<usize>()})
         )?;
     }
     f.flush()?;

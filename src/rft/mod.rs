@@ -7,6 +7,7 @@ pub mod failforge;
 pub mod kl;
 pub mod monitor;
 pub mod openai;
+pub mod p2t;
 pub mod ppo;
 pub mod rl;
 pub mod rl_run;
