@@ -7,7 +7,7 @@
 set -euo pipefail
 CACHE="${SORFT_FIDELITY_CACHE:-/var/tmp/sorft-fidelity}"
 PIP="${SORFT_FIDELITY_PIP:-/opt/sorft-pytest/bin/pip}"
-VERSIONS=(10.2.0 10.3.0 10.4.0 10.5.0 10.6.0)
+VERSIONS=(10.1.0 10.2.0 10.3.0 10.4.0)
 mkdir -p "$CACHE"
 for v in "${VERSIONS[@]}"; do
     f="$CACHE/more-itertools-$v.tar.gz"
