@@ -247,8 +247,22 @@ pub fn standalone<B: Backend>(
     };
     progress(format!("rejection sampling again: {} prompts", items.len()));
     let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
-    let (kept, _) =
-        crate::rft::teacher::rejection_filter_indexed(&items, &samples, cfg.stage2.edit_reward);
+    // The same acceptance as the run's stage 1 (execution in the sandbox by default).
+    let data = run.dir.join("data");
+    let train_instances = read_jsonl(&data.join("train.jsonl"))?;
+    let executed = crate::pipeline::repro::stage1_execution(
+        cfg,
+        &items,
+        &samples,
+        &train_instances,
+        &data.join("repos"),
+    )?;
+    let (kept, _) = crate::rft::teacher::rejection_filter_checked(
+        &items,
+        &samples,
+        cfg.stage2.edit_reward,
+        executed.as_deref(),
+    );
     let repos: Vec<&str> = run.train.iter().map(|(r, _)| r.repo.as_str()).collect();
     let plain_path = run.dir.join("stage1_sft.jsonl");
     let plain = corpus_lines(&plain_path)?;

@@ -677,7 +677,7 @@ pub fn run_repro<B: Backend>(
 
 /// Stage-1 edit acceptance by execution (`stage1.edit_acceptance = "execution"`): which teacher
 /// samples resolve their training instance in the sandbox; `None` with the overlap filter only.
-fn stage1_execution(
+pub(crate) fn stage1_execution(
     cfg: &ReproConfig,
     items: &[TeacherItem<'_>],
     samples: &[Vec<String>],
