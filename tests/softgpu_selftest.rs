@@ -306,11 +306,11 @@ const SOFTGPU_REPRO: &[&str] = &[
     "eval.max_new_tokens=16",
 ];
 
-/// The report's result tables and zero-score reasons (from "## Held-out results" to the RL
+/// The report's result tables and zero-score reasons (from "## Test mean subtask reward" to the RL
 /// monitor), each line split into cells; wall-time columns (headed "... s") are blanked.
 fn result_tables(report: &str) -> Vec<Vec<String>> {
     let start = report
-        .find("## Held-out results")
+        .find("## Test mean subtask reward")
         .expect("a results section");
     let end = report.find("## RL monitor").expect("an RL monitor section");
     let mut timing: Vec<usize> = Vec::new();
@@ -360,7 +360,7 @@ fn tables_match(a: &[Vec<String>], b: &[Vec<String>], tol: f64) -> Result<(), St
 
 #[test]
 fn the_tables_of_a_planted_difference_do_not_match() {
-    let report = "## Held-out results\n| stage | file |\n|---|---|\n| sft | 0.333 |\n## Stage 2 (per step)\n| step | reward | rollout s |\n| 1 | 0.500 | 0.2 |\n## RL monitor\n";
+    let report = "## Test mean subtask reward (free decoding)\n| stage | file |\n|---|---|\n| sft | 0.333 |\n## Stage 2 (per step)\n| step | reward | rollout s |\n| 1 | 0.500 | 0.2 |\n## RL monitor\n";
     let a = result_tables(report);
     assert_eq!(tables_match(&a, &a, 0.002), Ok(()));
     let slower = result_tables(&report.replace("| 0.2 |", "| 16.7 |"));
