@@ -171,3 +171,54 @@ fn a_missing_model_directory_is_said_once() {
         "error: /nonexistent/m: model directory not found"
     );
 }
+
+#[test]
+fn bench_model_runs_on_random_weights_of_a_config() {
+    let cfg = model().join("config.json");
+    let cfg = cfg.to_str().unwrap();
+    let args = [
+        "bench",
+        "model",
+        "--random-config",
+        cfg,
+        "--device",
+        "cpu",
+        "--prompt-len",
+        "8",
+        "--new-tokens",
+        "2",
+        "--batch",
+        "2",
+        "--repeats",
+        "1",
+        "--group",
+        "0",
+    ];
+    let o = sorft(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["random_weights"], true);
+    assert!(v["decode_tokens_per_s"]["batch_2"].as_f64().unwrap() > 0.0);
+    // Neither a model nor a config: clap's one-line usage error, no panic.
+    let o = sorft(&["bench", "model", "--device", "cpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!text(&o.stderr).contains("panicked"));
+    // A config that is not JSON: a one-line error naming the file.
+    let dir = std::env::temp_dir().join(format!("sorft-bench-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("config.json");
+    std::fs::write(&bad, "{not json").unwrap();
+    let o = sorft(&[
+        "bench",
+        "model",
+        "--random-config",
+        bad.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    let e = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("config.json"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -29,8 +29,17 @@ pub enum BenchCommand {
     /// Prefill and greedy-decode throughput of a model.
     Model {
         /// Model directory.
+        #[arg(
+            long,
+            required_unless_present = "random_config",
+            conflicts_with = "random_config"
+        )]
+        model: Option<PathBuf>,
+        /// Instead of a model directory: a `config.json` whose shape is filled with random bf16
+        /// weights made in memory (e.g. tests/fixtures/qwen2.5-coder-7b/config.json for 7B
+        /// measurements without a download).
         #[arg(long)]
-        model: PathBuf,
+        random_config: Option<PathBuf>,
         /// Prompt length of the prefill measurement.
         #[arg(long, default_value_t = 512)]
         prompt_len: usize,
@@ -66,6 +75,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     match a.command {
         BenchCommand::Model {
             model,
+            random_config,
             prompt_len,
             new_tokens,
             batch,
@@ -76,7 +86,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         } => run_on(
             device,
             ModelBench {
-                dir: model,
+                source: match (model, random_config) {
+                    (_, Some(c)) => ModelSource::Random(c),
+                    (Some(d), None) => ModelSource::Dir(d),
+                    (None, None) => anyhow::bail!("give --model DIR or --random-config FILE"),
+                },
                 prompt_len,
                 new_tokens,
                 batches: batch,
@@ -89,9 +103,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
 }
 
+/// Where `sorft bench model` takes its model from.
+enum ModelSource {
+    /// A model directory.
+    Dir(PathBuf),
+    /// Random weights in the shape of this `config.json`.
+    Random(PathBuf),
+}
+
 /// `sorft bench model`'s measurement.
 struct ModelBench {
-    dir: PathBuf,
+    source: ModelSource,
     prompt_len: usize,
     new_tokens: usize,
     batches: Vec<usize>,
@@ -108,9 +130,17 @@ impl Job for ModelBench {
 }
 
 fn bench_model<B: Backend>(be: &B, dev: &DeviceInfo, b: &ModelBench) -> Result<()> {
-    let (dir, prompt_len, new_tokens, batches, repeats) =
-        (&b.dir, b.prompt_len, b.new_tokens, &b.batches, b.repeats);
-    let m = Model::load(be, dir)?;
+    let (prompt_len, new_tokens, batches, repeats) =
+        (b.prompt_len, b.new_tokens, &b.batches, b.repeats);
+    let t_load = Instant::now();
+    let m = match &b.source {
+        ModelSource::Dir(dir) => Model::load(be, dir)?,
+        ModelSource::Random(cfg) => {
+            let config = sorft::model::ModelConfig::from_file(cfg)?;
+            sorft::model::random::random_model(be, config, 0)?
+        }
+    };
+    let load_s = t_load.elapsed().as_secs_f64();
     let v = m.config.vocab_size as u64;
     let mut rng = SplitMix::new(0);
     let prompt: Vec<u32> = (0..prompt_len.max(1))
@@ -174,6 +204,8 @@ fn bench_model<B: Backend>(be: &B, dev: &DeviceInfo, b: &ModelBench) -> Result<(
         "device": dev,
         "threads": rayon::current_num_threads(),
         "params": m.config.num_params(),
+        "random_weights": matches!(b.source, ModelSource::Random(_)),
+        "load_s": load_s,
         "prefill_tokens": n,
         "prefill_tokens_per_s": prefill,
         "decode_new_tokens": new_tokens,

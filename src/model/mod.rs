@@ -10,6 +10,7 @@ pub mod generate;
 pub mod init;
 pub mod kv_cache;
 pub mod plan;
+pub mod random;
 pub mod st_writer;
 pub mod template;
 pub mod tojson;

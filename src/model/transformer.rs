@@ -79,54 +79,61 @@ impl<B: Backend> Model<B> {
 
     /// Builds the model from opened weight files.
     pub fn from_weights(backend: &B, config: ModelConfig, w: &WeightFiles) -> Result<Self> {
+        Self::from_loader(backend, config, &mut |name, shape| {
+            w.load(backend, name, shape)
+        })
+    }
+
+    /// Builds the model from a loader that returns each named tensor of the expected shape
+    /// (weight files, or random weights for measurements at a real size).
+    pub fn from_loader(
+        backend: &B,
+        config: ModelConfig,
+        load: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor<B>>,
+    ) -> Result<Self> {
         let c = &config;
         let (d, hd) = (c.hidden_size, c.head_dim);
         let (q, kv, i) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
         let mut blocks = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
             let p = format!("model.layers.{l}");
-            let bias = |name: &str, n: usize| -> Result<Option<Tensor<B>>> {
-                if c.qkv_bias {
-                    Ok(Some(w.load(
-                        backend,
-                        &format!("{p}.self_attn.{name}.bias"),
-                        &[n],
-                    )?))
+            let qkv_bias = c.qkv_bias;
+            let mut bias = |name: &str, n: usize| -> Result<Option<Tensor<B>>> {
+                if qkv_bias {
+                    Ok(Some(load(&format!("{p}.self_attn.{name}.bias"), &[n])?))
                 } else {
                     Ok(None)
                 }
             };
+            let (q_bias, k_bias, v_bias) =
+                (bias("q_proj", q)?, bias("k_proj", kv)?, bias("v_proj", kv)?);
             blocks.push(Block {
-                input_norm: w.load(backend, &format!("{p}.input_layernorm.weight"), &[d])?,
-                q: w.load(backend, &format!("{p}.self_attn.q_proj.weight"), &[q, d])?,
-                k: w.load(backend, &format!("{p}.self_attn.k_proj.weight"), &[kv, d])?,
-                v: w.load(backend, &format!("{p}.self_attn.v_proj.weight"), &[kv, d])?,
-                q_bias: bias("q_proj", q)?,
-                k_bias: bias("k_proj", kv)?,
-                v_bias: bias("v_proj", kv)?,
-                o: w.load(backend, &format!("{p}.self_attn.o_proj.weight"), &[d, q])?,
+                input_norm: load(&format!("{p}.input_layernorm.weight"), &[d])?,
+                q: load(&format!("{p}.self_attn.q_proj.weight"), &[q, d])?,
+                k: load(&format!("{p}.self_attn.k_proj.weight"), &[kv, d])?,
+                v: load(&format!("{p}.self_attn.v_proj.weight"), &[kv, d])?,
+                q_bias,
+                k_bias,
+                v_bias,
+                o: load(&format!("{p}.self_attn.o_proj.weight"), &[d, q])?,
                 o_bias: if c.o_bias {
-                    Some(w.load(backend, &format!("{p}.self_attn.o_proj.bias"), &[d])?)
+                    Some(load(&format!("{p}.self_attn.o_proj.bias"), &[d])?)
                 } else {
                     None
                 },
-                post_norm: w.load(
-                    backend,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    &[d],
-                )?,
-                gate: w.load(backend, &format!("{p}.mlp.gate_proj.weight"), &[i, d])?,
-                up: w.load(backend, &format!("{p}.mlp.up_proj.weight"), &[i, d])?,
-                down: w.load(backend, &format!("{p}.mlp.down_proj.weight"), &[d, i])?,
+                post_norm: load(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
+                gate: load(&format!("{p}.mlp.gate_proj.weight"), &[i, d])?,
+                up: load(&format!("{p}.mlp.up_proj.weight"), &[i, d])?,
+                down: load(&format!("{p}.mlp.down_proj.weight"), &[d, i])?,
             });
         }
-        let embed = w.load(backend, "model.embed_tokens.weight", &[c.vocab_size, d])?;
+        let embed = load("model.embed_tokens.weight", &[c.vocab_size, d])?;
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(w.load(backend, "lm_head.weight", &[c.vocab_size, d])?)
+            Some(load("lm_head.weight", &[c.vocab_size, d])?)
         };
-        let norm = w.load(backend, "model.norm.weight", &[d])?;
+        let norm = load("model.norm.weight", &[d])?;
         Ok(Self {
             config,
             backend: backend.clone(),

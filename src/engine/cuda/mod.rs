@@ -149,7 +149,9 @@ impl Cuda {
             .unwrap_or(1) as u32;
         let gpu_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let kernels = Arc::new(registry::Kernels::load(&ctx, cc, libs.nvrtc)?);
-        let blas = if libs.cublas {
+        // SORFT_GEMM=builtin forces the built-in tiled GEMM kernel even where cuBLAS loads (to test it).
+        let forced_builtin = std::env::var("SORFT_GEMM").is_ok_and(|v| v == "builtin");
+        let blas = if libs.cublas && !forced_builtin {
             match cudarc::cublas::CudaBlas::new(stream.clone()) {
                 Ok(b) => Some(Arc::new(Mutex::new(b))),
                 Err(e) => {
