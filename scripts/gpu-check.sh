@@ -8,13 +8,18 @@
 #   scripts/gpu-check.sh run     on the GPU machine (no Rust): finds cuBLAS and NVRTC in the
 #                                image's Python site-packages (the nvidia-cublas and
 #                                nvidia-cuda-nvrtc wheels) and puts them on LD_LIBRARY_PATH, then
-#                                runs `sorft doctor`, `sorft selftest --device cuda`,
-#                                compute-sanitizer memcheck on `selftest --no-model` (when the
-#                                sanitizer is there), `sorft bench kernels`, and `sorft repro
-#                                --quick` on `--device cuda` and on `--device cpu` in the same run,
-#                                writing their outputs, summary.txt and summary.json to $OUT
-#                                (default ./gpu-check-out). Fits in 9 minutes; exits non-zero if
-#                                the selftest fails.
+#                                runs, each step with its own time limit and all of them within
+#                                GPU_CHECK_BUDGET seconds (default 500; later steps are skipped):
+#                                doctor; selftest --device cuda; `sorft bench kernels` alternating
+#                                with PyTorch at the same shapes (scripts/bench_kernels_torch.py);
+#                                repro --quick --device cuda; a Qwen2.5-Coder-7B-shaped model with
+#                                random bf16 weights (bench model --random-config); the selftest
+#                                again with the built-in GEMM forced (SORFT_GEMM=builtin);
+#                                compute-sanitizer memcheck on selftest --quick --no-model;
+#                                repro --quick --device cpu; a 0.5B-shaped model directory on the
+#                                GPU and the CPU. GPU_CHECK_STEPS picks steps (comma list). $OUT
+#                                (default ./gpu-check-out) gets summary.txt and results.tar.gz
+#                                (every step's output). Exits non-zero if the selftest fails.
 #
 # The libraries are found, not carried: pip's nvidia-cublas wheel (hundreds of MB) is far too
 # large to carry next to the binary. Without them the backend uses its built-in tiled GEMM kernel
@@ -51,7 +56,13 @@ run)
     bin="${SORFT_BIN:-$ROOT/target/release/sorft}"
     out="${OUT:-$ROOT/gpu-check-out}"
     mkdir -p "$out"
+    work="$(mktemp -d /tmp/gpu-check.XXXXXX)"
     [[ -x "$bin" ]] || { echo "gpu-check: $bin not found (run 'scripts/gpu-check.sh build' first)" >&2; exit 1; }
+    # What to run: GPU_CHECK_STEPS, a comma list of doctor,selftest,bench,repro,big,builtin,memcheck,model
+    # (default: all). GPU_CHECK_BUDGET (s, default 500) skips the steps that would start after it.
+    steps=",${GPU_CHECK_STEPS:-doctor,selftest,bench,repro,big,builtin,memcheck,model},"
+    budget="${GPU_CHECK_BUDGET:-500}"
+    t0=$SECONDS
     # cuBLAS and NVRTC from the wheels in the image's Python (nvidia/cublas/lib,
     # nvidia/cuda_nvrtc/lib, or CUDA 13's shared nvidia/cu13/lib).
     libdirs="$(python3 - <<'PY' 2>/dev/null || true
@@ -68,35 +79,50 @@ PY
     if [[ -n "$libdirs" ]]; then
         export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
-    echo "gpu-check: CUDA libraries from: ${libdirs:-none found}" | tee "$out/libraries.txt"
-    rc_doctor=0; rc_self=0; rc_san=skipped; rc_bench=0; rc_cuda=0; rc_cpu=0
-    nvidia-smi -q >"$out/nvidia-smi.txt" 2>&1 || true
-    timeout 60 "$bin" doctor >"$out/doctor.txt" 2>&1 || rc_doctor=$?
-    cat "$out/doctor.txt"
-    timeout 200 "$bin" selftest --device cuda >"$out/selftest.txt" 2>&1 || rc_self=$?
-    grep -E '^FAIL|passed, .* failed|^error' "$out/selftest.txt" || true
+    echo "gpu-check: CUDA libraries from: ${libdirs:-none found}" | tee "$work/libraries.txt"
+    : >"$work/summary.txt"
+    # step NAME TIMEOUT CMD...: runs CMD with its output in $work/NAME.txt, records the exit code.
+    step() {
+        local name="$1" limit="$2"; shift 2
+        if [[ "$steps" != *",${name%%-*},"* ]]; then return 0; fi
+        local el=$((SECONDS - t0))
+        if (( el + 10 > budget )); then
+            echo "$name skipped (budget: ${el}s of ${budget}s used)" | tee -a "$work/summary.txt"
+            return 0
+        fi
+        local rc=0 s=$SECONDS
+        timeout "$limit" "$@" >"$work/$name.txt" 2>&1 || rc=$?
+        echo "$name exit $rc ($((SECONDS - s)) s)" | tee -a "$work/summary.txt"
+        tail -n 4 "$work/$name.txt"
+    }
+    nvidia-smi -q >"$work/nvidia-smi.txt" 2>&1 || true
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv >>"$work/summary.txt" 2>&1 || true
+    step doctor 60 "$bin" doctor
+    step selftest 200 "$bin" selftest --device cuda
+    # Kernel timings beside PyTorch at the same shapes, the two sides alternating.
+    step bench 240 python3 "$ROOT/scripts/bench_kernels_torch.py" --sorft "$bin" --rounds 2
+    # The whole loop on the GPU (its CPU twin comes later, in repro-cpu).
+    step repro-cuda 150 "$bin" repro --quick --device cuda --out "$work/repro-cuda"
+    # Qwen2.5-Coder-7B's shape with random bf16 weights made in memory (no download): prefill,
+    # decode at batch 1 and 64, and a group rollout with and without the shared prefill.
+    step big-7b 200 "$bin" bench model --random-config "$ROOT/tests/fixtures/qwen2.5-coder-7b/config.json" --device cuda --prompt-len 1024 --new-tokens 64 --batch 1,64 --repeats 2 --group 4 --group-prompts 8
+    # The same selftest without cuBLAS: the built-in tiled GEMM kernels take every matrix product.
+    step builtin 200 env SORFT_GEMM=builtin "$bin" selftest --device cuda
     if command -v compute-sanitizer >/dev/null; then
-        rc_san=0
-        timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin" selftest --device cuda --no-model \
-            >"$out/memcheck.txt" 2>&1 || rc_san=$?
-        tail -n 3 "$out/memcheck.txt"
+        step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin" selftest --device cuda --quick --no-model
+    else
+        echo "memcheck skipped (no compute-sanitizer)" | tee -a "$work/summary.txt"
     fi
-    timeout 60 "$bin" bench kernels >"$out/bench.jsonl" 2>"$out/bench.err" || rc_bench=$?
-    cat "$out/bench.jsonl"
-    # The whole loop on the GPU beside the same run on the CPU.
-    timeout 100 "$bin" repro --quick --device cuda --out "$out/repro-cuda" >"$out/repro-cuda.md" 2>"$out/repro-cuda.err" || rc_cuda=$?
-    timeout 100 "$bin" repro --quick --device cpu --out "$out/repro-cpu" >"$out/repro-cpu.md" 2>"$out/repro-cpu.err" || rc_cpu=$?
-    {
-        echo "doctor exit $rc_doctor"
-        echo "selftest exit $rc_self ($(tail -n 1 "$out/selftest.txt"))"
-        echo "memcheck exit $rc_san"
-        echo "bench exit $rc_bench"
-        echo "repro --quick --device cuda exit $rc_cuda"
-        echo "repro --quick --device cpu exit $rc_cpu"
-    } | tee "$out/summary.txt"
-    printf '{"doctor":%s,"selftest":%s,"memcheck":"%s","bench":%s,"repro_cuda":%s,"repro_cpu":%s,"libraries":"%s"}\n' \
-        "$rc_doctor" "$rc_self" "$rc_san" "$rc_bench" "$rc_cuda" "$rc_cpu" "$libdirs" >"$out/summary.json"
-    [[ $rc_self -eq 0 && $rc_doctor -eq 0 ]]
+    step repro-cpu 150 "$bin" repro --quick --device cpu --out "$work/repro-cpu"
+    # Qwen2.5-0.5B's shape from a model directory (the safetensors path), on the GPU and the CPU.
+    step model-init 120 "$bin" model init --preset qwen2.5-0.5b-shape --out "$work/m05"
+    step model-cuda 150 "$bin" bench model --model "$work/m05" --device cuda --prompt-len 1024 --new-tokens 128 --batch 1,64 --repeats 3
+    step model-cpu 150 "$bin" bench model --model "$work/m05" --device cpu --prompt-len 256 --new-tokens 32 --batch 1,8 --repeats 1 --group 0
+    rm -rf "$work/m05"
+    echo "total $((SECONDS - t0)) s" | tee -a "$work/summary.txt"
+    cp "$work/summary.txt" "$out/summary.txt"
+    tar -C "$work" -czf "$out/results.tar.gz" .
+    grep -q '^selftest exit 0' "$work/summary.txt"
     ;;
 *)
     echo "usage: scripts/gpu-check.sh build|run" >&2
