@@ -58,6 +58,43 @@ pub struct Cuda {
 
 /// Runs `f`, turning a panic inside cudarc (a library or symbol that cannot be loaded) into an
 /// error instead of a crash; the panic message is not printed.
+/// Keeps memory freed to the stream-ordered pool in the pool (release threshold: unlimited)
+/// instead of returning it to the driver at every synchronisation: without this, each decode or
+/// training step (which synchronises to read its results) unmaps and maps its activations again,
+/// and a 1 GiB device copy measured 1.1 TB/s on an H200 instead of its ~4 TB/s. Devices without
+/// memory pools (and the software GPU) keep the driver's default.
+fn keep_pool_memory(ctx: &CudaContext) {
+    use cudarc::driver::sys;
+    let pools = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+        .unwrap_or(0);
+    if pools != 1 {
+        return;
+    }
+    let dev = ctx.cu_device();
+    // Called inside `open`, itself inside `catch_cuda_panic` (not reentrant): a missing driver
+    // symbol panics in cudarc's loader, caught here without touching the hook again.
+    let set = std::panic::catch_unwind(|| {
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut threshold: u64 = u64::MAX;
+        // SAFETY: `pool` receives the device's default pool; the attribute value is a u64.
+        let r = unsafe {
+            match sys::cuDeviceGetDefaultMemPool(&mut pool, dev) {
+                sys::CUresult::CUDA_SUCCESS => sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                ),
+                e => e,
+            }
+        };
+        r
+    });
+    if !matches!(set, Ok(sys::CUresult::CUDA_SUCCESS)) {
+        tracing::debug!("memory pool release threshold not set ({set:?})");
+    }
+}
+
 pub(crate) fn catch_cuda_panic<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     // One caller at a time swaps the process's panic hook (not reentrant: callers never nest).
     static HOOK_LOCK: Mutex<()> = Mutex::new(());
@@ -133,6 +170,7 @@ impl Cuda {
         // SAFETY: no other stream of this context is ever used.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
+        keep_pool_memory(&ctx);
         let cc = ctx
             .compute_capability()
             .map_err(dev_err("compute capability"))?;

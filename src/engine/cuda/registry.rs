@@ -2,7 +2,7 @@
 //! (an `sm_90a` cubin on compute capability 9.0, else PTX the driver compiles, else the source
 //! compiled at run time with NVRTC and cached on disk), and kernel lookup by name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -234,9 +234,27 @@ fn nvrtc_ptx(m: &EmbeddedModule, cc: (i32, i32), cache: Option<&Path>) -> Result
     Ok(text)
 }
 
+/// The kernel names a PTX text defines (its `.entry` directives).
+pub fn ptx_entries(ptx: &str) -> HashSet<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let rest = l.split(".entry").nth(1)?;
+            let name = rest
+                .trim_start()
+                .split(|c: char| c == '(' || c.is_whitespace())
+                .next()?;
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .collect()
+}
+
 /// The loaded kernel modules of one context, with a cache of looked-up functions.
 pub struct Kernels {
     modules: Vec<(&'static str, Arc<CudaModule>)>,
+    /// The kernel (`.entry`) names of each module, read from its PTX where the PTX is known
+    /// (empty: unknown, e.g. on the software GPU), so that a lookup asks only the module that
+    /// defines the kernel instead of failing `cuModuleGetFunction` calls on the others.
+    entries: Vec<HashSet<String>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// How each module was loaded.
     pub loaded: Vec<(&'static str, Artifact)>,
@@ -247,6 +265,7 @@ impl Kernels {
     pub fn load(ctx: &Arc<CudaContext>, cc: (i32, i32), nvrtc_present: bool) -> Result<Self> {
         let mut modules = Vec::new();
         let mut loaded = Vec::new();
+        let mut entries = Vec::new();
         for m in EMBEDDED {
             let tries = candidates(m, cc, nvrtc_present);
             if tries.is_empty() {
@@ -260,26 +279,31 @@ impl Kernels {
             let mut errors = Vec::new();
             let mut done = None;
             for a in tries {
+                let mut names = m.ptx.map(ptx_entries).unwrap_or_default();
                 let ptx = match a {
                     Artifact::Cubin => Ok(Ptx::from_binary(m.cubin_sm90a.unwrap_or(&[]).to_vec())),
                     Artifact::Ptx => Ok(Ptx::from_src(m.ptx.unwrap_or(""))),
-                    Artifact::Nvrtc => nvrtc_ptx(m, cc, cache_dir().as_deref()).map(Ptx::from_src),
+                    Artifact::Nvrtc => nvrtc_ptx(m, cc, cache_dir().as_deref()).map(|text| {
+                        names = ptx_entries(&text);
+                        Ptx::from_src(text)
+                    }),
                 };
                 match ptx.and_then(|p| {
                     ctx.load_module(p)
                         .map_err(|e| EngineError::Device(format!("{e:?}")))
                 }) {
                     Ok(module) => {
-                        done = Some((module, a));
+                        done = Some((module, a, names));
                         break;
                     }
                     Err(e) => errors.push(format!("{a}: {e}")),
                 }
             }
             match done {
-                Some((module, a)) => {
+                Some((module, a, names)) => {
                     modules.push((m.name, module));
                     loaded.push((m.name, a));
+                    entries.push(names);
                 }
                 None => {
                     return Err(EngineError::Device(format!(
@@ -293,6 +317,7 @@ impl Kernels {
         }
         Ok(Self {
             modules,
+            entries,
             functions: Mutex::new(HashMap::new()),
             loaded,
         })
@@ -307,7 +332,14 @@ impl Kernels {
         if let Some(func) = f.get(name) {
             return Ok(func.clone());
         }
-        for (_, m) in &self.modules {
+        // The module whose PTX defines the kernel; where no PTX lists it, every module is asked.
+        let owner = self.entries.iter().position(|e| e.contains(name));
+        let asked = self
+            .modules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| owner.is_none_or(|o| o == *i));
+        for (_, (_, m)) in asked {
             if let Ok(func) = m.load_function(name) {
                 f.insert(name.to_string(), func.clone());
                 return Ok(func);
@@ -322,6 +354,22 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ptx_entries_lists_the_kernels_of_a_ptx_text() {
+        let ptx =
+            "//\n.visible .entry rms_norm_bf16(\n\t.param .u64 a\n)\n.entry helper (\n.func f(\n";
+        let e = ptx_entries(ptx);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e.contains("rms_norm_bf16") && e.contains("helper"));
+        if let Some(text) = EMBEDDED
+            .iter()
+            .find_map(|m| (m.name == "norm").then_some(m.ptx))
+            .flatten()
+        {
+            assert!(ptx_entries(text).contains("rms_norm_bf16"));
+        }
+    }
 
     #[test]
     fn every_kernel_file_is_embedded_with_its_header_pasted_in() {
