@@ -116,7 +116,7 @@ impl Case<'_> {
 fn base_cfg() -> RlConfig {
     RlConfig {
         algorithm: Algorithm::Grpo,
-        steps: 5,
+        steps: 4,
         prompts_per_step: 2,
         group_size: 2,
         ppo_epochs: 1,
@@ -183,7 +183,6 @@ fn a_run_killed_after_a_quarantine_resumes_with_its_quarantine_and_healthy_snaps
         cfg: RlConfig {
             prompts_per_step: 4,
             group_size: 1,
-            steps: 4,
             ..base_cfg()
         },
         // One prompt fills every batch from step 2: quarantined, the run trains on.

@@ -643,7 +643,7 @@ mod tests {
         assert!(d
             .observe(&rec(5, &[("timeout_rate", 0.2), ("reward_max", 1.0)]))
             .is_none());
-        for (k, hi) in [("kl_coef", 1.0), ("clip_eps", 10.0), ("temperature", 0.1)] {
+        for (k, hi) in [("kl_coef", 5.0), ("clip_eps", 10.0), ("temperature", 0.1)] {
             assert!(d.observe(&rec(5, &[(k, 0.5)])).is_none(), "{k}");
             let a = d.observe(&rec(6, &[(k, hi)])).unwrap();
             let dir = if hi > 0.5 { Dir::Up } else { Dir::Down };
