@@ -104,9 +104,29 @@ fn injected_faults_show_in_health_and_every_action_acts_on_the_trainer() {
     let mut m4 = tr.step(&mut policy, &reference, &tok, &items).unwrap();
     assert_eq!(m4.health.sandbox_error_rate, 1.0);
     assert_eq!(m4.reward_mean, 0.0);
+    let (w4, cfg4, q4) = (
+        Cpu.to_host_f32(&policy.embed).unwrap(),
+        tr.cfg.clone(),
+        tr.quarantined.clone(),
+    );
     sup.after_step(&mut tr, &mut policy, &mut m4).unwrap();
     assert_eq!(m4.monitor[0].action, Some(Action::RestartWorkers));
+    // Stage 2 has no long-lived worker: the restart touches neither the weights, nor the
+    // settings, nor the quarantine; it only clears the simulated worker fault.
     assert!(!tr.fault.as_ref().unwrap().armed);
+    assert_eq!(Cpu.to_host_f32(&policy.embed).unwrap(), w4);
+    assert_eq!((&tr.cfg, &tr.quarantined), (&cfg4, &q4));
+    // A failure a restart cannot clear (here: the fault re-armed at once) comes back at the
+    // next step and stops the run at its healthy weights.
+    tr.fault.as_mut().unwrap().armed = true;
+    let mut m5 = tr.step(&mut policy, &reference, &tok, &items).unwrap();
+    let v = sup.after_step(&mut tr, &mut policy, &mut m5).unwrap();
+    assert!(
+        matches!(&v, Verdict::Stop(r) if r.contains("workers keep failing")),
+        "{v:?} {:?}",
+        m5.monitor
+    );
+    assert_eq!(sup.stopped().map(|s| s.contains("workers")), Some(true));
 }
 
 #[test]

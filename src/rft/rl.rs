@@ -369,6 +369,9 @@ pub struct RlTrainer<B: Backend> {
     pub quarantined: std::collections::BTreeSet<usize>,
     /// A fault injected by `sorft faultbench` (none in real runs).
     pub fault: Option<Injection>,
+    /// The settings as configured: what checkpoints record and resumes compare (the monitor's
+    /// changes to `cfg` are saved apart, see [`crate::rft::monitor::overrides`]).
+    pub base_cfg: RlConfig,
 }
 
 /// One rollout of a step, as written to `rollouts.jsonl`.
@@ -440,6 +443,7 @@ impl<B: Backend> RlTrainer<B> {
             (None, None)
         };
         Ok(Self {
+            base_cfg: cfg.clone(),
             cfg,
             opt,
             value_head,
@@ -967,9 +971,25 @@ impl<B: Backend> RlTrainer<B> {
         reference: &std::path::Path,
         root: &std::path::Path,
     ) -> anyhow::Result<std::path::PathBuf> {
+        self.save_checkpoint_with(policy, model_src, reference, root, Vec::new())
+    }
+
+    /// [`RlTrainer::save_checkpoint`] with `extra` files (name, bytes) in the same checkpoint
+    /// (the monitor's state).
+    pub fn save_checkpoint_with(
+        &self,
+        policy: &Model<B>,
+        model_src: &std::path::Path,
+        reference: &std::path::Path,
+        root: &std::path::Path,
+        extra: Vec<(String, Vec<u8>)>,
+    ) -> anyhow::Result<std::path::PathBuf> {
         use crate::train::checkpoint::{self, side_files, stream_tensors, CheckpointWriter};
         let be = &policy.backend;
         let mut w = CheckpointWriter::begin(root, self.step as u64)?;
+        for (f, bytes) in extra {
+            w.add_bytes(&f, &bytes)?;
+        }
         for (f, bytes) in side_files(model_src)? {
             w.add_bytes(&f, &bytes)?;
         }
@@ -995,7 +1015,7 @@ impl<B: Backend> RlTrainer<B> {
             opt_step: self.opt.step,
             value_opt_step,
             reference: reference_fingerprint(reference)?,
-            config: self.cfg.clone(),
+            config: self.base_cfg.clone(),
         };
         w.add_bytes(
             "rl_state.json",
@@ -1028,7 +1048,7 @@ impl<B: Backend> RlTrainer<B> {
                 st.format
             );
         }
-        if trajectory_settings(&st.config) != trajectory_settings(&self.cfg) {
+        if trajectory_settings(&st.config) != trajectory_settings(&self.base_cfg) {
             anyhow::bail!(
                 "{}: the checkpoint was made with other RL settings; resume with the same configuration (only steps, save_every and keep_last may change)",
                 sp.display()

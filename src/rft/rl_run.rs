@@ -68,6 +68,20 @@ pub fn run_rl<B: Backend>(
     stop: &AtomicBool,
     on_step: &mut dyn FnMut(&RlMetrics),
 ) -> anyhow::Result<RlOutcome> {
+    run_rl_with_fault(be, run, cfg, items, stop, on_step, None)
+}
+
+/// [`run_rl`] with a planted fault (`sorft faultbench`, tests); a resume takes the fault's state
+/// from the checkpoint.
+pub fn run_rl_with_fault<B: Backend>(
+    be: &B,
+    run: &RlRun,
+    cfg: &RlConfig,
+    items: &[RlItem],
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&RlMetrics),
+    fault: Option<crate::rft::monitor::inject::Injection>,
+) -> anyhow::Result<RlOutcome> {
     let root = run.out.join("checkpoints");
     let metrics_path = run.out.join("metrics.jsonl");
     let (mut policy, tok) = load_dir(be, &run.model)?;
@@ -77,13 +91,16 @@ pub fn run_rl<B: Backend>(
     crate::train::sft::own_weights(&mut policy)?;
     let (reference, _) = load_dir(be, &run.model)?;
     let mut trainer = RlTrainer::new(&policy, &tok, items, cfg.clone())?;
+    trainer.fault = fault;
     let existing = checkpoint::list(&root)?;
     let mut history = Vec::new();
+    let mut resumed_dir = None;
     if run.resume {
         if let (Some(dir), _) = checkpoint::latest_good(&root, false)? {
             policy = trainer.resume(&dir, &run.model, be)?;
             crate::train::sft::own_weights(&mut policy)?;
             history = read_metrics(&metrics_path, trainer.step);
+            resumed_dir = Some(dir);
         }
     } else if !existing.is_empty() {
         anyhow::bail!(
@@ -105,7 +122,11 @@ pub fn run_rl<B: Backend>(
     }
     let mut saved_at = trainer.step;
     let mut monitor = crate::rft::monitor::Supervisor::new(cfg.monitor, cfg);
-    monitor.start(&trainer, &policy)?;
+    match &resumed_dir {
+        // The monitor's overrides, quarantine and state come back with the checkpoint.
+        Some(dir) => monitor.resume(dir, &mut trainer, &policy)?,
+        None => monitor.start(&trainer, &policy)?,
+    }
     // Every rollout's response and reward, for reading what the policy writes.
     let rollouts_path = run.out.join("rollouts.jsonl");
     let mut rollouts = std::fs::OpenOptions::new()
@@ -113,7 +134,8 @@ pub fn run_rl<B: Backend>(
         .append(true)
         .open(&rollouts_path)
         .with_context(|| rollouts_path.display().to_string())?;
-    while trainer.step < cfg.steps {
+    // A run the monitor stopped stays stopped when resumed.
+    while trainer.step < cfg.steps && monitor.stopped().is_none() {
         let mut m = trainer.step(&mut policy, &reference, &tok, items)?;
         let verdict = monitor.after_step(&mut trainer, &mut policy, &mut m)?;
         for r in &trainer.last_rollouts {
@@ -128,7 +150,8 @@ pub fn run_rl<B: Backend>(
         }
         let stopping = stop.load(Ordering::Relaxed);
         if stopping || (cfg.save_every > 0 && trainer.step % cfg.save_every == 0) {
-            trainer.save_checkpoint(&policy, &run.model, &run.model, &root)?;
+            let extra = monitor.checkpoint_files(&trainer, &policy)?;
+            trainer.save_checkpoint_with(&policy, &run.model, &run.model, &root, extra)?;
             saved_at = trainer.step;
         }
         if stopping {
@@ -140,7 +163,8 @@ pub fn run_rl<B: Backend>(
         }
     }
     if saved_at != trainer.step {
-        trainer.save_checkpoint(&policy, &run.model, &run.model, &root)?;
+        let extra = monitor.checkpoint_files(&trainer, &policy)?;
+        trainer.save_checkpoint_with(&policy, &run.model, &run.model, &root, extra)?;
     }
     let final_dir = run.out.join("final");
     export_policy(&policy, &run.model, &final_dir)?;

@@ -151,6 +151,9 @@ pub struct RobustConfig {
     pub setting_jump: f64,
     /// Sandbox error or timeout rate that alarms regardless of baseline.
     pub sandbox_limit: f64,
+    /// Consecutive steps whose every reward is 0, after healthy steps whose rewards had spread,
+    /// that mean a silent scorer (a missing test runner, a reward service answering 0); 0: off.
+    pub silent_steps: usize,
 }
 
 impl Default for RobustConfig {
@@ -164,6 +167,7 @@ impl Default for RobustConfig {
             reward_range: None,
             setting_jump: 2.0,
             sandbox_limit: 0.25,
+            silent_steps: 3,
         }
     }
 }
@@ -176,7 +180,14 @@ pub struct RobustDetector {
     history: BTreeMap<&'static str, VecDeque<f64>>,
     cusum: BTreeMap<(&'static str, bool), f64>,
     settings: BTreeMap<&'static str, f64>,
+    /// A healthy step's rewards had spread (so a scorer that answers 0 to all is news).
+    spread_seen: bool,
+    /// Consecutive steps whose every reward was 0.
+    zero_run: usize,
 }
+
+/// Reward spread (standard deviation) of a healthy step that shows the scorer discriminates.
+const SPREAD: f64 = 0.05;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -210,6 +221,8 @@ impl RobustDetector {
             history: BTreeMap::new(),
             cusum: BTreeMap::new(),
             settings: BTreeMap::new(),
+            spread_seen: false,
+            zero_run: 0,
         }
     }
 
@@ -218,6 +231,28 @@ impl RobustDetector {
         self.history.clear();
         self.cusum.clear();
         self.settings.clear();
+        self.spread_seen = false;
+        self.zero_run = 0;
+    }
+
+    /// The silent-scorer rule: every reward 0 for `silent_steps` steps in a row after a healthy
+    /// step with reward spread. Counts the run of all-zero steps.
+    fn silent_scorer(&mut self, r: &StepRecord, out: &mut Vec<Signal>) {
+        let zero = |k: &str| r.get(k).is_some_and(|x| x.abs() < 1e-12);
+        if zero("reward_min") && zero("reward_max") {
+            self.zero_run += 1;
+        } else if r.get("reward_max").is_some() {
+            self.zero_run = 0;
+        }
+        let n = self.cfg.silent_steps;
+        if n > 0 && self.spread_seen && self.zero_run >= n {
+            out.push(Signal {
+                feature: "scorer_silent".into(),
+                dir: Dir::Up,
+                score: self.zero_run as f64,
+                rule: Rule::Hard,
+            });
+        }
     }
 
     fn hard_rules(&self, r: &StepRecord, out: &mut Vec<Signal>) {
@@ -332,6 +367,75 @@ impl RobustDetector {
     }
 }
 
+/// The state of a [`RobustDetector`] (baselines, CUSUM sums, last settings), as saved with a
+/// checkpoint. Values are stored as their IEEE bits so that a resumed detector is exact.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DetectorState {
+    /// Feature -> healthy values of the rolling baseline, oldest first.
+    pub history: BTreeMap<String, Vec<u64>>,
+    /// (feature, upward) -> CUSUM sum.
+    pub cusum: Vec<(String, bool, u64)>,
+    /// Setting -> last healthy value.
+    pub settings: BTreeMap<String, u64>,
+    /// A healthy step's rewards had spread.
+    pub spread_seen: bool,
+    /// Consecutive steps whose every reward was 0.
+    pub zero_run: usize,
+}
+
+fn watched_name(name: &str) -> anyhow::Result<&'static str> {
+    WATCHED
+        .iter()
+        .map(|w| w.name)
+        .chain(SETTINGS.iter().copied())
+        .find(|n| *n == name)
+        .ok_or_else(|| anyhow::anyhow!("monitor state: unknown feature {name:?}"))
+}
+
+impl RobustDetector {
+    /// Its state (see [`DetectorState`]).
+    pub fn state(&self) -> DetectorState {
+        DetectorState {
+            history: self
+                .history
+                .iter()
+                .map(|(k, h)| (k.to_string(), h.iter().map(|x| x.to_bits()).collect()))
+                .collect(),
+            cusum: self
+                .cusum
+                .iter()
+                .map(|((k, up), c)| (k.to_string(), *up, c.to_bits()))
+                .collect(),
+            settings: self
+                .settings
+                .iter()
+                .map(|(k, x)| (k.to_string(), x.to_bits()))
+                .collect(),
+            spread_seen: self.spread_seen,
+            zero_run: self.zero_run,
+        }
+    }
+
+    /// Restores a state saved by [`RobustDetector::state`] (its settings stay).
+    pub fn restore(&mut self, s: &DetectorState) -> anyhow::Result<()> {
+        self.reset();
+        for (k, h) in &s.history {
+            let h = h.iter().map(|b| f64::from_bits(*b)).collect();
+            self.history.insert(watched_name(k)?, h);
+        }
+        for (k, up, c) in &s.cusum {
+            self.cusum
+                .insert((watched_name(k)?, *up), f64::from_bits(*c));
+        }
+        for (k, x) in &s.settings {
+            self.settings.insert(watched_name(k)?, f64::from_bits(*x));
+        }
+        self.spread_seen = s.spread_seen;
+        self.zero_run = s.zero_run;
+        Ok(())
+    }
+}
+
 impl Detector for RobustDetector {
     fn name(&self) -> &'static str {
         "rft-fm"
@@ -340,8 +444,12 @@ impl Detector for RobustDetector {
     fn observe(&mut self, r: &StepRecord) -> Option<Alarm> {
         let mut signals = Vec::new();
         self.hard_rules(r, &mut signals);
+        self.silent_scorer(r, &mut signals);
         let suspicious = self.statistical(r, &mut signals);
         if signals.is_empty() {
+            if r.get("reward_std").is_some_and(|x| x > SPREAD) {
+                self.spread_seen = true;
+            }
             // Only healthy steps feed the baseline: a fault never becomes the new normal.
             self.accept(r, &suspicious);
             return None;
@@ -529,11 +637,156 @@ mod tests {
         assert!(a.has("prompt_unique_frac", Dir::Down));
         let a = d.observe(&rec(5, &[("sandbox_error_rate", 0.5)])).unwrap();
         assert!(a.has("sandbox_error_rate", Dir::Up));
+        let a = d.observe(&rec(5, &[("timeout_rate", 0.25)])).unwrap();
+        assert!(a.has("timeout_rate", Dir::Up));
+        // Under the limits: nothing.
+        assert!(d
+            .observe(&rec(5, &[("timeout_rate", 0.2), ("reward_max", 1.0)]))
+            .is_none());
+        for (k, hi) in [("kl_coef", 5.0), ("clip_eps", 10.0), ("temperature", 0.1)] {
+            assert!(d.observe(&rec(5, &[(k, 0.5)])).is_none(), "{k}");
+            let a = d.observe(&rec(6, &[(k, hi)])).unwrap();
+            let dir = if hi > 0.5 { Dir::Up } else { Dir::Down };
+            assert!(a.has(k, dir), "{k}: {a:?}");
+        }
         assert!(d.observe(&rec(6, &[("lr", 1e-4)])).is_none());
         let a = d.observe(&rec(7, &[("lr", 1e-2)])).unwrap();
         assert!(a.has("lr", Dir::Up));
         let a = d.observe(&rec(8, &[("lr", 0.0)])).unwrap();
         assert!(a.has("lr", Dir::Down));
+    }
+
+    /// A healthy step of a run whose scorer discriminates: rewards with spread.
+    fn scored(step: usize) -> StepRecord {
+        let m = noisy_reward(step);
+        rec(
+            step,
+            &[
+                ("reward_mean", m),
+                ("reward_std", 0.3),
+                ("reward_min", 0.0),
+                ("reward_max", 1.0),
+                ("zero_std_frac", 0.2),
+                ("entropy", 2.0 + 0.05 * (m - 0.4)),
+            ],
+        )
+    }
+
+    /// A step of a silent scorer (every reward 0).
+    fn silent(step: usize) -> StepRecord {
+        rec(
+            step,
+            &[
+                ("reward_mean", 0.0),
+                ("reward_std", 0.0),
+                ("reward_min", 0.0),
+                ("reward_max", 0.0),
+                ("zero_std_frac", 1.0),
+                ("entropy", 2.0),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_silent_scorer_is_caught_late_in_a_run_and_zero_rewards_from_the_start_are_not() {
+        // The planted fault: from step 41 the scorer answers 0 to everything.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=40 {
+            assert!(d.observe(&scored(s)).is_none(), "false alarm at {s}");
+        }
+        let first = (41..=50)
+            .find_map(|s| d.observe(&silent(s)))
+            .expect("the silent scorer was caught");
+        assert_eq!(first.step, 43, "{first:?}");
+        assert!(first.has("scorer_silent", Dir::Up), "{first:?}");
+        let dg = super::super::diagnose::diagnose(&first);
+        assert_eq!(
+            dg.fault,
+            Some(super::super::taxonomy::FaultType::SandboxFailure)
+        );
+        // One all-zero step between scored ones is no fault.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=30 {
+            let r = if s % 7 == 0 { silent(s) } else { scored(s) };
+            assert!(d.observe(&r).is_none(), "false alarm at {s}");
+        }
+        // A policy that never earned a reward (a fresh model): zeros are its normal, not news.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=30 {
+            assert!(d.observe(&silent(s)).is_none(), "false alarm at {s}");
+        }
+        // The rule off: the same late fault goes unseen by it.
+        let mut d = RobustDetector::new(RobustConfig {
+            silent_steps: 0,
+            ..RobustConfig::default()
+        });
+        for s in 1..=40 {
+            assert!(d.observe(&scored(s)).is_none());
+        }
+        assert!(!(41..=43).any(|s| d
+            .observe(&silent(s))
+            .is_some_and(|a| a.has("scorer_silent", Dir::Up))));
+    }
+
+    #[test]
+    fn late_onsets_are_caught_at_their_step_after_a_long_clean_stretch() {
+        // A jump (entropy collapse) at step 57, after 56 noisy clean steps: no alarm before, an
+        // alarm at the onset, whatever the baseline window forgot.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=56 {
+            assert!(d.observe(&scored(s)).is_none(), "false alarm at {s}");
+        }
+        let mut late = scored(57);
+        late.values.insert("entropy".into(), 0.2);
+        let a = d.observe(&late).expect("late jump caught");
+        assert!(a.has("entropy", Dir::Down));
+        assert_eq!(a.signals[0].rule, Rule::RobustZ);
+        // A slow late drift (response length about +4.4 z-units a step from step 61, under the
+        // z threshold of 5): CUSUM, within
+        // three steps of the onset.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        let len = |s: usize| 40.0 + (s % 3) as f64;
+        for s in 1..=60 {
+            let mut r = scored(s);
+            r.values.insert("response_len".into(), len(s));
+            assert!(d.observe(&r).is_none(), "false alarm at {s}");
+        }
+        let mut fired = None;
+        for s in 61..=70 {
+            let mut r = scored(s);
+            r.values.insert("response_len".into(), len(s) + 36.0);
+            if let Some(a) = d.observe(&r) {
+                fired = Some(a);
+                break;
+            }
+        }
+        let a = fired.expect("late drift caught");
+        assert!(a.step <= 63, "{a:?}");
+        assert!(a.has("response_len", Dir::Up));
+        assert_eq!(a.signals[0].rule, Rule::Cusum);
+    }
+
+    #[test]
+    fn a_restored_detector_continues_exactly() {
+        let mut a = RobustDetector::new(RobustConfig::default());
+        for s in 1..=12 {
+            assert!(a.observe(&scored(s)).is_none());
+        }
+        assert!(a.observe(&silent(13)).is_none());
+        let st: DetectorState =
+            serde_json::from_str(&serde_json::to_string(&a.state()).unwrap()).unwrap();
+        let mut b = RobustDetector::new(RobustConfig::default());
+        b.restore(&st).unwrap();
+        assert_eq!(b.state(), a.state());
+        for s in 14..=20 {
+            let r = if s < 16 { silent(s) } else { scored(s) };
+            assert_eq!(a.observe(&r), b.observe(&r), "step {s}");
+        }
+        let bad = DetectorState {
+            settings: [("nope".to_string(), 0u64)].into_iter().collect(),
+            ..DetectorState::default()
+        };
+        assert!(b.restore(&bad).unwrap_err().to_string().contains("nope"));
     }
 
     #[test]

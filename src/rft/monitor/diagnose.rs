@@ -28,7 +28,7 @@ pub fn feature_family(feature: &str) -> Option<FaultFamily> {
         "entropy" | "temperature" | "response_len" | "trunc_rate" | "repetition"
         | "unique_ratio" | "empty_rate" | "format_error_rate" => FaultFamily::OD,
         "logprob_mismatch" | "prompt_unique_frac" | "invented_rate" => FaultFamily::CA,
-        "sandbox_error_rate" | "timeout_rate" => FaultFamily::TE,
+        "sandbox_error_rate" | "timeout_rate" | "scorer_silent" => FaultFamily::TE,
         _ => return None,
     })
 }
@@ -40,9 +40,14 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
     let up = |f: &str| alarm.has(f, Up);
     let down = |f: &str| alarm.has(f, Down);
     // (condition, fault, evidence), most specific first.
-    let rules: [(bool, FaultType, &str); 23] = [
+    let rules: [(bool, FaultType, &str); 24] = [
         (up("nonfinite"), NonFinite, "non-finite values in the step"),
         (up("sandbox_error_rate"), SandboxFailure, "sandbox errors"),
+        (
+            up("scorer_silent"),
+            SandboxFailure,
+            "the scorer went silent: every reward 0 for several steps (a missing test runner?)",
+        ),
         (up("timeout_rate"), SandboxTimeout, "sandbox timeouts"),
         (up("lr"), LrTooHigh, "the learning rate jumped up"),
         (down("lr"), LrZero, "the learning rate dropped (to zero)"),

@@ -8,6 +8,7 @@ pub mod detect;
 pub mod diagnose;
 pub mod features;
 pub mod inject;
+pub mod overrides;
 pub mod remediate;
 pub mod supervisor;
 pub mod taxonomy;

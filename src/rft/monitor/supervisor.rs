@@ -5,12 +5,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::detect::{Alarm, Detector, RobustConfig, RobustDetector};
+use super::detect::{Alarm, Detector, DetectorState, RobustConfig, RobustDetector};
 use super::diagnose::{diagnose, Diagnosis};
 use super::features::StepRecord;
+use super::overrides::{MonitorState, Overrides, MONITOR_FILE, SNAPSHOT_FILE};
 use super::remediate::{plan, Action};
 use super::MonitorMode;
 use crate::engine::{Backend, HostData};
+use crate::model::weights::HostTensor;
 use crate::model::Model;
 use crate::rft::rl::{RlConfig, RlMetrics, RlTrainer};
 use crate::swe::subtask::EditReward;
@@ -94,6 +96,9 @@ pub struct Supervisor {
     pending: Option<usize>,
     last_fault: Option<Option<crate::rft::monitor::taxonomy::FaultType>>,
     healthy_since: usize,
+    /// The policy's weights are the snapshot's (no step since it was taken or restored).
+    snapshot_is_current: bool,
+    stopped: Option<String>,
     /// Every event so far.
     pub events: Vec<MonitorEvent>,
 }
@@ -128,8 +133,15 @@ impl Supervisor {
             pending: None,
             last_fault: None,
             healthy_since: 0,
+            snapshot_is_current: false,
+            stopped: None,
             events: Vec::new(),
         }
+    }
+
+    /// Why the monitor stopped the run, if it did.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// Records the healthy starting point (the weights before step 1) in `remediate` mode.
@@ -157,11 +169,12 @@ impl Supervisor {
             weights,
             cfg: trainer.cfg.clone(),
         });
+        self.snapshot_is_current = true;
         Ok(())
     }
 
     fn rollback<B: Backend>(
-        &self,
+        &mut self,
         trainer: &mut RlTrainer<B>,
         policy: &mut Model<B>,
     ) -> anyhow::Result<()> {
@@ -179,6 +192,7 @@ impl Supervisor {
             ..s.cfg.clone()
         };
         trainer.reset_optimizer(policy)?;
+        self.snapshot_is_current = true;
         Ok(())
     }
 
@@ -203,8 +217,10 @@ impl Supervisor {
                 trainer.cfg.entropy_coef += entropy_bonus;
             }
             Action::QuarantinePrompts { prompts } => trainer.quarantined.extend(prompts),
-            // Stage 2's rewards are rule-based and its sandbox runs are one process per call:
-            // there is no long-lived worker to restart besides what the fault model simulates.
+            // Stage 2 has no long-lived worker to restart: its rewards are rule-based and every
+            // sandbox run is a fresh process. The action changes nothing in the trainer; it
+            // clears only the simulated worker faults of `sorft faultbench` (below), and a real
+            // failure that persists escalates to a stop at the next alarm.
             Action::RestartWorkers => {}
             Action::Stop { .. } => self.rollback(trainer, policy)?,
         }
@@ -225,6 +241,7 @@ impl Supervisor {
         if self.mode == MonitorMode::Off {
             return Ok(Verdict::Continue);
         }
+        self.snapshot_is_current = false;
         let v = serde_json::to_value(&*m)?;
         let rec = StepRecord::from_json(&v, m.step);
         let mut verdict = Verdict::Continue;
@@ -264,6 +281,7 @@ impl Supervisor {
             self.apply(&action, trainer, policy)?;
             if let Action::Stop { reason } = &action {
                 verdict = Verdict::Stop(reason.clone());
+                self.stopped = Some(reason.clone());
             }
             self.attempts = attempt + 1;
             self.pending = Some(m.step);
@@ -273,11 +291,165 @@ impl Supervisor {
         Ok(verdict)
     }
 
+    /// The files the monitor adds to a checkpoint of `trainer` at `policy`: `monitor.json`
+    /// (overrides of the configured settings, quarantine, injected fault, supervisor state) and,
+    /// when the last healthy weights are not the policy's, those weights.
+    pub fn checkpoint_files<B: Backend>(
+        &self,
+        trainer: &RlTrainer<B>,
+        policy: &Model<B>,
+    ) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let base = &trainer.base_cfg;
+        let mut files = Vec::new();
+        let snapshot = match &self.snapshot {
+            None => None,
+            Some(s) => {
+                let weights_file = !self.snapshot_is_current;
+                if weights_file {
+                    let mut map = std::collections::BTreeMap::new();
+                    for ((name, t), w) in model_params(policy).into_iter().zip(&s.weights) {
+                        map.insert(name, HostTensor::f32(t.shape(), w));
+                    }
+                    let bytes = crate::train::checkpoint::safetensors_bytes(&map)?;
+                    files.push((SNAPSHOT_FILE.to_string(), bytes));
+                }
+                Some(SnapshotState {
+                    overrides: Overrides::between(base, &s.cfg)?,
+                    weights_file,
+                })
+            }
+        };
+        let sup = SupervisorState {
+            attempts: self.attempts,
+            pending: self.pending,
+            last_fault_seen: self.last_fault.is_some(),
+            last_fault: self.last_fault.flatten(),
+            healthy_since: self.healthy_since,
+            detector: self.detector.state(),
+            snapshot,
+            stopped: self.stopped.clone(),
+            events: self.events.clone(),
+        };
+        let st = MonitorState::new(
+            base,
+            &trainer.cfg,
+            &trainer.quarantined,
+            trainer.fault.as_ref(),
+            sup,
+        )?;
+        files.push((
+            MONITOR_FILE.to_string(),
+            serde_json::to_string_pretty(&st)?.into_bytes(),
+        ));
+        Ok(files)
+    }
+
+    /// Restores the monitor and the trainer's monitored state (settings overrides, quarantine,
+    /// injected fault) from checkpoint `dir`, whose policy is `policy`. A checkpoint without a
+    /// monitor file (an older one) starts the monitor afresh at `policy`.
+    pub fn resume<B: Backend>(
+        &mut self,
+        dir: &std::path::Path,
+        trainer: &mut RlTrainer<B>,
+        policy: &Model<B>,
+    ) -> anyhow::Result<()> {
+        let Some(st) = MonitorState::load(dir)? else {
+            return self.start(trainer, policy);
+        };
+        let steps = trainer.cfg.steps;
+        trainer.cfg = RlConfig {
+            steps,
+            ..st.overrides.apply(&trainer.base_cfg)?
+        };
+        trainer.quarantined = st.quarantined;
+        trainer.fault = st.fault;
+        let s = st.supervisor;
+        self.attempts = s.attempts;
+        self.pending = s.pending;
+        self.last_fault = s.last_fault_seen.then_some(s.last_fault);
+        self.healthy_since = s.healthy_since;
+        self.detector.restore(&s.detector)?;
+        self.events = s.events;
+        self.stopped = s.stopped;
+        self.snapshot = None;
+        self.snapshot_is_current = false;
+        if self.mode != MonitorMode::Remediate {
+            return Ok(());
+        }
+        let Some(snap) = s.snapshot else {
+            return self.start(trainer, policy);
+        };
+        let cfg = RlConfig {
+            steps,
+            ..snap.overrides.apply(&trainer.base_cfg)?
+        };
+        let weights = if snap.weights_file {
+            let p = dir.join(SNAPSHOT_FILE);
+            let mut t = crate::train::checkpoint::read_f32_tensors(&p)?;
+            let mut out = Vec::new();
+            for (name, cur) in model_params(policy) {
+                let (shape, data) = t
+                    .remove(&name)
+                    .ok_or_else(|| anyhow::anyhow!("{}: {name} missing", p.display()))?;
+                anyhow::ensure!(
+                    shape.as_slice() == cur.shape(),
+                    "{}: {name} has shape {shape:?}, expected {:?}",
+                    p.display(),
+                    cur.shape()
+                );
+                out.push(data);
+            }
+            out
+        } else {
+            let mut out = Vec::new();
+            for (_, t) in model_params(policy) {
+                out.push(policy.backend.to_host_f32(t)?);
+            }
+            self.snapshot_is_current = true;
+            out
+        };
+        self.snapshot = Some(Snapshot { weights, cfg });
+        Ok(())
+    }
+
     fn push(&mut self, m: &mut RlMetrics, ev: MonitorEvent) {
         tracing::warn!("monitor: {}", ev.describe());
         m.monitor.push(ev.clone());
         self.events.push(ev);
     }
+}
+
+/// The supervisor's state in a checkpoint (see [`Supervisor::checkpoint_files`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SupervisorState {
+    /// Remediations tried for the current diagnosis.
+    pub attempts: usize,
+    /// The step of the last remediation, until confirmed.
+    pub pending: Option<usize>,
+    /// Whether a diagnosis was seen (then `last_fault` is the last one's fault type).
+    pub last_fault_seen: bool,
+    /// The last diagnosis's fault type.
+    pub last_fault: Option<crate::rft::monitor::taxonomy::FaultType>,
+    /// Healthy steps since the last alarm.
+    pub healthy_since: usize,
+    /// The detector's baselines.
+    pub detector: DetectorState,
+    /// The last healthy snapshot (remediate mode).
+    pub snapshot: Option<SnapshotState>,
+    /// Why the monitor stopped the run, if it did (a resume does not train on).
+    pub stopped: Option<String>,
+    /// Every event so far.
+    pub events: Vec<MonitorEvent>,
+}
+
+/// The last healthy snapshot in a checkpoint: its settings, and whether its weights are in
+/// their own file (otherwise they are the checkpoint's policy).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotState {
+    /// Its settings against the configured ones.
+    pub overrides: Overrides,
+    /// Its weights are in `monitor_snapshot.safetensors`.
+    pub weights_file: bool,
 }
 
 /// The prompt that fills more than half of a batch, if one does.
