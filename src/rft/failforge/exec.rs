@@ -263,22 +263,29 @@ mod tests {
 
     #[test]
     fn unittest_logs_give_the_exception_and_the_innermost_frames() {
-        let log = "test_a (tests.test_m.T.test_a) ... FAIL\n\
-======================================================================\n\
-FAIL: test_a (tests.test_m.T.test_a)\n\
-----------------------------------------------------------------------\n\
-Traceback (most recent call last):\n\
-  File \"/w/1/repo/tests/test_m.py\", line 9, in test_a\n\
-    self.assertEqual(run(2), 4)\n\
-  File \"/w/1/repo/pkg/api.py\", line 4, in run\n\
-    return core.scale(x)\n\
-  File \"/w/1/repo/pkg/core.py\", line 7, in scale\n\
-    return helper(x) + 1\n\
-  File \"/w/1/repo/pkg/util.py\", line 2, in helper\n\
-    return x * 2\n\
-AssertionError: 5 != 4\n\n\
-----------------------------------------------------------------------\n\
-Ran 1 test in 0.001s\n\nFAILED (failures=1)\n";
+        let log = [
+            "test_a (tests.test_m.T.test_a) ... FAIL",
+            "======================================================================",
+            "FAIL: test_a (tests.test_m.T.test_a)",
+            "----------------------------------------------------------------------",
+            "Traceback (most recent call last):",
+            "  File \"/w/1/repo/tests/test_m.py\", line 9, in test_a",
+            "    self.assertEqual(run(2), 4)",
+            "  File \"/w/1/repo/pkg/api.py\", line 4, in run",
+            "    return core.scale(x)",
+            "  File \"/w/1/repo/pkg/core.py\", line 7, in scale",
+            "    return helper(x) + 1",
+            "  File \"/w/1/repo/pkg/util.py\", line 2, in helper",
+            "    return x * 2",
+            "AssertionError: 5 != 4",
+            "",
+            "----------------------------------------------------------------------",
+            "Ran 1 test in 0.001s",
+            "",
+            "FAILED (failures=1)",
+        ]
+        .join("\n");
+        let log = log.as_str();
         let (exc, frames) = parse_traceback(log);
         assert_eq!(exc.as_deref(), Some("AssertionError: 5 != 4"));
         assert_eq!(
