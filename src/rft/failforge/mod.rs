@@ -307,7 +307,7 @@ pub fn run_stage(
             .collect();
         rep.control_samples = plain_plans.len() * k;
         let mut p = retry(teacher, items, &plain_plans, k, retry_seed, edit_reward)?;
-        if let Some(ex) = executor.as_deref_mut() {
+        if let Some(ex) = executor {
             let (runs, refused) = execution_acceptance(&mut p, &plain_plans, items, ex)?;
             rep.exec_runs += runs;
             rep.exec_refused_plain += refused;
@@ -629,7 +629,7 @@ mod tests {
 
     #[test]
     fn execution_feeds_the_diagnoser_and_refuses_recovered_edits_that_do_not_resolve() {
-        let recs = vec![record(Subtask::Edit, "e")];
+        let recs = [record(Subtask::Edit, "e")];
         let items: Vec<TeacherItem<'_>> = recs
             .iter()
             .map(|r| TeacherItem {
