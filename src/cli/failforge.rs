@@ -10,8 +10,9 @@ use sorft::engine::Backend;
 use sorft::model::load_dir;
 use sorft::pipeline::failforge::{standalone, Standalone};
 use sorft::rft::failforge::diagnose::{Diagnoser, RuleDiagnoser, TeacherDiagnoser};
+use sorft::rft::failforge::RetryTeacher;
 use sorft::rft::openai::{ChatClient, ClientConfig};
-use sorft::rft::teacher::{EndpointTeacher, ModelTeacher};
+use sorft::rft::teacher::{EndpointTeacher, ModelTeacher, Teacher};
 
 use super::device::{run_on, DeviceArgs, Job};
 
@@ -23,6 +24,17 @@ pub enum DiagnoserKind {
     /// A local model directory (`--diagnoser-model`).
     Model,
     /// An OpenAI-compatible endpoint (`--endpoint-url`, `--endpoint-model`).
+    Endpoint,
+}
+
+/// Who answers the guided retries and the plain second attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RetryTeacherKind {
+    /// The simulated skill-following teacher (reads the skill section of its prompt).
+    Follow,
+    /// The built-in stage-1 teacher (ignores the skill).
+    Builtin,
+    /// An OpenAI-compatible endpoint (`--retry-endpoint-url`, `--retry-endpoint-model`).
     Endpoint,
 }
 
@@ -47,6 +59,15 @@ pub struct FailforgeArgs {
     /// Model name sent to the endpoint.
     #[arg(long, default_value = "default")]
     pub endpoint_model: String,
+    /// Who answers the retries (default: `[failforge] retry_teacher` of the run, `follow`).
+    #[arg(long, value_enum)]
+    pub retry_teacher: Option<RetryTeacherKind>,
+    /// Base URL of `--retry-teacher endpoint`, e.g. http://host:8000/v1.
+    #[arg(long, required_if_eq("retry_teacher", "endpoint"))]
+    pub retry_endpoint_url: Option<String>,
+    /// Model name sent to the retry endpoint.
+    #[arg(long, default_value = "default")]
+    pub retry_endpoint_model: String,
     /// Also fine-tune the run's warm-up checkpoint on each corpus (plain, + FailForge, + skill
     /// kept, + plain second attempt) and compare them on the held-out instances.
     #[arg(long)]
@@ -62,9 +83,51 @@ pub struct FailforgeArgs {
     pub device: DeviceArgs,
 }
 
-fn opts<'d>(a: &FailforgeArgs, out: &std::path::Path, d: &'d mut dyn Diagnoser) -> Standalone<'d> {
+fn endpoint(url: String, model: &str, max_tokens: usize) -> EndpointTeacher {
+    EndpointTeacher {
+        client: ChatClient::new(ClientConfig {
+            base_url: url,
+            model: model.to_string(),
+            api_key: std::env::var("OPENAI_API_KEY").ok(),
+            timeout_secs: 120.0,
+            retries: 2,
+        }),
+        temperature: 0.0,
+        max_tokens,
+    }
+}
+
+/// Sampling temperature of an endpoint retry teacher.
+const ENDPOINT_TEMPERATURE: f32 = 0.7;
+
+/// The endpoint retry teacher, when the arguments ask for one.
+fn retry_endpoint(a: &FailforgeArgs) -> Result<Option<EndpointTeacher>> {
+    if a.retry_teacher != Some(RetryTeacherKind::Endpoint) {
+        return Ok(None);
+    }
+    let url = a
+        .retry_endpoint_url
+        .clone()
+        .context("--retry-teacher endpoint needs --retry-endpoint-url URL")?;
+    let mut t = endpoint(url, &a.retry_endpoint_model, 512);
+    t.temperature = ENDPOINT_TEMPERATURE;
+    Ok(Some(t))
+}
+
+fn opts<'d>(
+    a: &FailforgeArgs,
+    out: &std::path::Path,
+    d: &'d mut dyn Diagnoser,
+    t: Option<&'d mut dyn Teacher>,
+) -> Standalone<'d> {
     Standalone {
         diagnoser: d,
+        teacher: t,
+        retry_teacher: match a.retry_teacher {
+            Some(RetryTeacherKind::Follow) => Some(RetryTeacher::Follow),
+            Some(RetryTeacherKind::Builtin) => Some(RetryTeacher::Builtin),
+            _ => None,
+        },
         out: out.to_path_buf(),
         heldout: a.heldout,
         resamples: a.resamples,
@@ -84,11 +147,13 @@ impl Job for Forge {
         let out = a.out.clone().unwrap_or_else(|| a.run.join("failforge"));
         let stop = &super::interrupt::STOP;
         let mut progress = |m: String| eprintln!("failforge: {m}");
+        let mut ep = retry_endpoint(a)?;
+        let t = ep.as_mut().map(|e| e as &mut dyn Teacher);
         match a.diagnoser {
             DiagnoserKind::Rules => standalone(
                 be,
                 &a.run,
-                opts(a, &out, &mut RuleDiagnoser),
+                opts(a, &out, &mut RuleDiagnoser, t),
                 stop,
                 &mut progress,
             ),
@@ -99,34 +164,24 @@ impl Job for Forge {
                     .context("--diagnoser model needs --diagnoser-model DIR")?;
                 let (model, tok) = load_dir(be, dir).with_context(|| dir.display().to_string())?;
                 let tok = tok.with_context(|| format!("{}: no tokenizer.json", dir.display()))?;
-                let mut t = ModelTeacher {
+                let mut mt = ModelTeacher {
                     model: &model,
                     tokenizer: &tok,
                     temperature: 0.0,
                     max_new_tokens: 96,
                     batch: 8,
                 };
-                let mut d = TeacherDiagnoser { teacher: &mut t };
-                standalone(be, &a.run, opts(a, &out, &mut d), stop, &mut progress)
+                let mut d = TeacherDiagnoser { teacher: &mut mt };
+                standalone(be, &a.run, opts(a, &out, &mut d, t), stop, &mut progress)
             }
             DiagnoserKind::Endpoint => {
                 let url = a
                     .endpoint_url
                     .clone()
                     .context("--diagnoser endpoint needs --endpoint-url URL")?;
-                let mut t = EndpointTeacher {
-                    client: ChatClient::new(ClientConfig {
-                        base_url: url,
-                        model: a.endpoint_model.clone(),
-                        api_key: std::env::var("OPENAI_API_KEY").ok(),
-                        timeout_secs: 120.0,
-                        retries: 2,
-                    }),
-                    temperature: 0.0,
-                    max_tokens: 160,
-                };
-                let mut d = TeacherDiagnoser { teacher: &mut t };
-                standalone(be, &a.run, opts(a, &out, &mut d), stop, &mut progress)
+                let mut et = endpoint(url, &a.endpoint_model, 160);
+                let mut d = TeacherDiagnoser { teacher: &mut et };
+                standalone(be, &a.run, opts(a, &out, &mut d, t), stop, &mut progress)
             }
         }
     }

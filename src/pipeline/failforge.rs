@@ -18,9 +18,14 @@ use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::load_dir;
 use crate::pipeline::augment::{fresh_name, package_of, Renamer};
 use crate::pipeline::config::ReproConfig;
+use crate::pipeline::config::ReproConfig as Cfg;
+use crate::rft::accept::EditAcceptance;
 use crate::rft::failforge::diagnose::Diagnoser;
+use crate::rft::failforge::exec::{EditExecutor, SandboxExecutor};
+use crate::rft::failforge::follow::SkillFollowingTeacher;
 use crate::rft::failforge::report::{ArmResult, HeldoutComparison};
 use crate::rft::failforge::skills::SkillLibrary;
+use crate::rft::failforge::RetryTeacher;
 use crate::rft::failforge::{run_stage, Example, Round, StageOutput};
 use crate::rft::stats::paired_cluster_bootstrap;
 use crate::rft::teacher::{BuiltinTeacher, Teacher, TeacherItem};
@@ -41,15 +46,54 @@ fn write_convs(path: &Path, convs: &[Example]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The stage-1 execution context of a round: which samples passed execution, and the sandbox
+/// that runs failed and recovered edits.
+pub struct Execution<'a> {
+    /// `executed[i][k]`: sample `k` of prompt `i` passed execution acceptance.
+    pub executed: &'a [Vec<bool>],
+    /// The sandbox.
+    pub executor: &'a mut dyn EditExecutor,
+}
+
+/// The sandbox executor of a run whose stage 1 accepts edits by execution (`None` otherwise).
+pub fn executor_for(
+    cfg: &Cfg,
+    train: &[Instance],
+    repos: &Path,
+) -> anyhow::Result<Option<SandboxExecutor>> {
+    if cfg.stage1.edit_acceptance != EditAcceptance::Execution {
+        return Ok(None);
+    }
+    let sb = crate::rft::eval::sandbox_config(cfg.data.test_timeout)
+        .context("FailForge's execution feedback needs the sandbox")?;
+    Ok(Some(SandboxExecutor::new(
+        sb,
+        repos,
+        train,
+        cfg.eval.workers,
+    )))
+}
+
+/// The retry teacher `kind` with the run's stage-1 teacher temperature.
+pub fn config_teacher(cfg: &Cfg, kind: RetryTeacher) -> Box<dyn Teacher> {
+    let temperature = cfg.stage1.teacher_temperature;
+    match kind {
+        RetryTeacher::Follow => Box::new(SkillFollowingTeacher { temperature }),
+        RetryTeacher::Builtin => Box::new(BuiltinTeacher { temperature }),
+    }
+}
+
 /// Runs the stage with `diagnoser` on a rejection-sampling round and writes its outputs into
 /// `dir`: `skills.jsonl` (the library: `start`'s skills, if given, and the new ones),
 /// `recovered.jsonl`, `skill_kept.jsonl`, `plain_retry.jsonl`, `report.json` and `report.md`.
+#[allow(clippy::too_many_arguments)]
 pub fn forge(
     cfg: &ReproConfig,
     teacher: &mut dyn Teacher,
     diagnoser: &mut dyn Diagnoser,
     items: &[TeacherItem<'_>],
     samples: &[Vec<String>],
+    exec: Option<Execution<'_>>,
     dir: &Path,
     start: Option<&Path>,
 ) -> anyhow::Result<StageOutput> {
@@ -60,13 +104,25 @@ pub fn forge(
         Some(p) => SkillLibrary::load(p)?,
         None => SkillLibrary::new(),
     };
+    let (executed, executor) = match exec {
+        Some(e) => (Some(e.executed), Some(e.executor)),
+        None => (None, None),
+    };
     let round = Round {
         items,
         samples,
         edit_reward: cfg.stage2.edit_reward,
         seed: cfg.seed,
+        executed,
     };
-    let out = run_stage(teacher, diagnoser, &round, &mut library, &cfg.failforge)?;
+    let out = run_stage(
+        teacher,
+        diagnoser,
+        &round,
+        &mut library,
+        &cfg.failforge,
+        executor,
+    )?;
     library.save(&lib_path)?;
     write_convs(&dir.join("recovered.jsonl"), &out.recovered)?;
     write_convs(&dir.join("skill_kept.jsonl"), &out.skill_kept)?;
@@ -79,25 +135,39 @@ pub fn forge(
     Ok(out)
 }
 
-/// The hook of `sorft repro`: the stage with the built-in teacher and rule diagnoser, outputs in
-/// `<out>/failforge/`; returns the examples to add (skill removed) and the report section.
+/// The hook of `sorft repro`: the stage with the configured retry teacher and the rule
+/// diagnoser, outputs in `<out>/failforge/`; with stage-1 execution results (`executed`), failed
+/// edits get execution feedback and recovered edits must resolve their `train` instance in the
+/// sandbox. Returns the examples to add (skill removed) and the report section.
 pub fn repro_stage(
     cfg: &ReproConfig,
     items: &[TeacherItem<'_>],
     samples: &[Vec<String>],
+    executed: Option<&[Vec<bool>]>,
+    train: &[Instance],
+    repos: &Path,
     out: &Path,
 ) -> anyhow::Result<(Vec<Example>, String)> {
-    let mut teacher = BuiltinTeacher {
-        temperature: cfg.stage1.teacher_temperature,
-    };
+    let mut teacher = config_teacher(cfg, cfg.failforge.retry_teacher);
     let dir = out.join("failforge");
     let mut diagnoser = crate::rft::failforge::diagnose::RuleDiagnoser;
+    let mut sandbox = match executed {
+        Some(_) => executor_for(cfg, train, repos)?,
+        None => None,
+    };
+    let exec = executed
+        .zip(sandbox.as_mut())
+        .map(|(executed, ex)| Execution {
+            executed,
+            executor: ex as &mut dyn EditExecutor,
+        });
     let res = forge(
         cfg,
-        &mut teacher,
+        teacher.as_mut(),
         &mut diagnoser,
         items,
         samples,
+        exec,
         &dir,
         None,
     )?;
@@ -206,6 +276,10 @@ fn with_renames(cfg: &ReproConfig, repos: &[&str], examples: &[Example], salt: u
 pub struct Standalone<'d> {
     /// The diagnoser.
     pub diagnoser: &'d mut dyn Diagnoser,
+    /// A teacher of the retries given from outside (an endpoint); it wins over `retry_teacher`.
+    pub teacher: Option<&'d mut dyn Teacher>,
+    /// The kind of retry teacher (`None`: the run's `[failforge] retry_teacher`).
+    pub retry_teacher: Option<RetryTeacher>,
     /// Where to write (default `<run>/failforge`).
     pub out: PathBuf,
     /// Also train and evaluate the corpora on the held-out instances.
@@ -222,7 +296,7 @@ pub struct Standalone<'d> {
 pub fn standalone<B: Backend>(
     be: &B,
     run_dir: &Path,
-    opts: Standalone<'_>,
+    mut opts: Standalone<'_>,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(String),
 ) -> anyhow::Result<String> {
@@ -276,12 +350,32 @@ the run was made with another teacher or configuration",
         );
     }
     progress("diagnosing failures and retrying".into());
+    let mut sandbox = match &executed {
+        Some(_) => executor_for(cfg, &train_instances, &data.join("repos"))?,
+        None => None,
+    };
+    let exec = executed
+        .as_deref()
+        .zip(sandbox.as_mut())
+        .map(|(executed, ex)| Execution {
+            executed,
+            executor: ex as &mut dyn EditExecutor,
+        });
+    let mut own = config_teacher(
+        cfg,
+        opts.retry_teacher.unwrap_or(cfg.failforge.retry_teacher),
+    );
+    let retry_teacher: &mut dyn Teacher = match opts.teacher.as_deref_mut() {
+        Some(t) => t,
+        None => own.as_mut(),
+    };
     let res = forge(
         cfg,
-        &mut teacher,
+        retry_teacher,
         opts.diagnoser,
         &items,
         &samples,
+        exec,
         &opts.out,
         opts.library.as_deref(),
     )?;

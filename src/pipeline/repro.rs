@@ -527,8 +527,15 @@ pub fn run_repro<B: Backend>(
                 executed.as_deref(),
             );
             let failforge_md = if cfg.stage1.failforge {
-                let (recovered, md) =
-                    crate::pipeline::failforge::repro_stage(cfg, &items, &samples, out)?;
+                let (recovered, md) = crate::pipeline::failforge::repro_stage(
+                    cfg,
+                    &items,
+                    &samples,
+                    executed.as_deref(),
+                    &train,
+                    &data.join("repos"),
+                    out,
+                )?;
                 k.extend(recovered);
                 md
             } else {

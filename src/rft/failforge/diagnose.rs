@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rft::failforge::evidence::IssueEvidence;
 use crate::rft::failforge::feedback::Failure;
 use crate::rft::teacher::{Teacher, TeacherItem};
 use crate::swe::answer;
@@ -53,65 +54,10 @@ pub fn clip_words(text: &str, max_words: usize) -> String {
         .join(" ")
 }
 
-/// Evidence an issue text gives about where its code lives.
-struct IssueEvidence {
-    /// Paths of `File "..."` traceback frames, outermost first.
-    frames: Vec<String>,
-    /// `from pkg import mod` lines.
-    imports: Vec<String>,
-    /// `name(` calls, dotted names kept.
-    calls: Vec<String>,
-}
-
-impl IssueEvidence {
-    fn of(problem: &str) -> Self {
-        let mut frames = Vec::new();
-        let mut imports = Vec::new();
-        for line in problem.lines().map(str::trim) {
-            if let Some(rest) = line.strip_prefix("File \"") {
-                if let Some((path, _)) = rest.split_once('"') {
-                    frames.push(path.to_string());
-                }
-            }
-            if line.starts_with("from ") && line.contains(" import ") {
-                imports.push(line.to_string());
-            }
-        }
-        let mut calls = Vec::new();
-        for word in
-            problem.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '('))
-        {
-            if let Some((name, _)) = word.split_once('(') {
-                let name = name.trim_matches('.');
-                if name.len() > 2
-                    && name
-                        .chars()
-                        .next()
-                        .is_some_and(|c| c.is_alphabetic() || c == '_')
-                {
-                    calls.push(name.to_string());
-                }
-            }
-        }
-        Self {
-            frames,
-            imports,
-            calls,
-        }
-    }
-
-    /// The deepest traceback frame that is not inside the standard library or site-packages.
-    fn deepest_repo_frame(&self) -> Option<&str> {
-        self.frames
-            .iter()
-            .rev()
-            .find(|f| !f.contains("site-packages") && !f.contains("/lib/python"))
-            .map(String::as_str)
-    }
-}
-
-/// The built-in diagnoser: named rules over the zero reasons, the answers and the issue's evidence,
-/// tried in order; the first that applies writes the diagnosis.
+/// The built-in diagnoser: named rules over the zero reasons, the answers, their execution feedback
+/// and the issue's evidence, tried in order; the first that applies writes the diagnosis. Every
+/// skill it writes uses the fixed vocabulary of [`crate::rft::failforge::follow::VOCABULARY`] and
+/// quotes nothing from the issue (so it can name no ground truth).
 #[derive(Clone, Debug, Default)]
 pub struct RuleDiagnoser;
 
@@ -125,6 +71,9 @@ pub const RULES: &[&str] = &[
     "test_file",
     "class_not_method",
     "non_code_line",
+    "exec_crash",
+    "exec_broke_passing",
+    "exec_still_failing",
     "traceback",
     "import",
     "call",
@@ -176,118 +125,182 @@ impl RuleDiagnoser {
     /// The diagnosis of one case (every failure gets one: the last rule always applies).
     pub fn diagnose_one(&self, case: &Case<'_>) -> Diagnosis {
         let f = case.failure;
-        let rec = case.item.record;
         let reason = f.dominant_reason();
-        let ev = IssueEvidence::of(case.item.problem);
         let n = f.answers.len();
-        let all = |p: &dyn Fn(&str) -> bool| f.answers.iter().all(|a| p(&a.text));
-        let d = match (f.subtask, reason) {
-            (_, "empty_answer" | "format_error") => rule(
-                "format",
-                format!("{n} answers could not be parsed"),
-                "End with the final answer in the exact fenced format the prompt shows, one item per line.".into(),
-            ),
-            (_, "invented_target") => rule(
-                "invented_target",
-                format!("{n} answers named targets the prompt did not show"),
-                "Copy every answer target verbatim from the prompt's listing; never name a path, definition or line it did not show.".into(),
-            ),
-            (Subtask::Edit, "unknown_file") => rule(
-                "unknown_file",
-                "the edits named files whose code was not shown".into(),
-                "Edit only files whose code the prompt shows, under their exact paths.".into(),
-            ),
-            (Subtask::Edit, "search_not_found") => rule(
-                "search_not_found",
-                "SEARCH texts did not match the shown code".into(),
-                "Copy SEARCH lines verbatim from the shown code, indentation included, and keep them short.".into(),
-            ),
-            (Subtask::Edit, _) if reason == "no_change" || cosmetic_edits(f) => rule(
-                "no_op_edit",
-                "the edits changed no logic (no change, or comments only)".into(),
-                "Change the faulty expression itself; an edit that only adds a comment or restates the line fixes nothing.".into(),
-            ),
-            (Subtask::File, _)
-                if all(&|t| {
-                    let fs = answer::parse_files(t);
-                    !fs.is_empty() && fs.iter().all(|p| is_test_path(p))
-                }) =>
-            {
-                rule(
-                    "test_file",
-                    "every answer named only test files".into(),
-                    "Fix library code, not tests: leave test files out of the answer.".into(),
-                )
-            }
-            (Subtask::Function, _)
-                if all(&|t| {
-                    let fs = answer::parse_functions(t);
-                    !fs.is_empty()
-                        && fs.iter().all(|l| {
-                            rec.shown.functions.iter().any(|s| {
-                                s.path == l.path && s.name == l.name && s.kind == DefKind::Class
-                            })
-                        })
-                }) =>
-            {
-                rule(
-                    "class_not_method",
-                    "every answer named a class rather than a method".into(),
-                    "Name the method that computes the wrong value, not its enclosing class.".into(),
-                )
-            }
-            (Subtask::Line, _)
-                if all(&|t| {
-                    let ls = answer::parse_lines(t);
-                    !ls.is_empty()
-                        && ls
-                            .iter()
-                            .all(|l| line_text(rec, &l.path, l.line).is_none_or(is_non_code))
-                }) =>
-            {
-                rule(
-                    "non_code_line",
-                    "every answer pointed at a header, decorator, comment or blank line".into(),
-                    "Point at a statement that computes a value, not at a definition header, decorator or comment.".into(),
-                )
-            }
-            (Subtask::File, _) if ev.deepest_repo_frame().is_some() => {
-                let frame = ev.deepest_repo_frame().unwrap_or_default();
-                rule(
-                    "traceback",
-                    format!("the answers missed the file the traceback points at ({frame})"),
-                    format!("Follow the traceback: its deepest repository frame, {frame}, names the file to open first."),
-                )
-            }
-            (Subtask::File | Subtask::Function, _) if !ev.imports.is_empty() => {
-                let imp = &ev.imports[0];
-                rule(
-                    "import",
-                    format!("the answers ignored the module the issue's snippet imports ({imp})"),
-                    format!("Prefer the module the issue's snippet imports ({imp}) over names that merely look similar."),
-                )
-            }
-            (Subtask::Function, _) if !ev.calls.is_empty() => {
-                let call = &ev.calls[ev.calls.len() - 1];
-                rule(
-                    "call",
-                    format!("the answers missed the definition behind the issue's call {call}("),
-                    format!("Pick the definition the issue's snippet calls ({call}), not a helper with a similar name."),
-                )
-            }
-            (Subtask::Line | Subtask::Edit, _) => rule(
-                "wrong_expression",
-                "the answers targeted lines that do not produce the reported value".into(),
-                "Pick the line whose expression yields the value the issue reports as wrong: a comparison, bound or arithmetic.".into(),
-            ),
-            _ => None,
-        };
+        let d = apply_rules(
+            f,
+            case.item.record,
+            reason,
+            &IssueEvidence::of(case.item.problem),
+        );
         d.unwrap_or_else(|| Diagnosis {
             rule: "reread_issue".into(),
             summary: format!("{n} answers missed the target ({reason})"),
             skill: "Compare the issue's expected and actual behaviour and choose the target that produces the actual one.".into(),
         })
     }
+}
+
+/// The rules about the answer's form and its apply errors (`format` .. `non_code_line`).
+fn form_rules(f: &Failure, rec: &SubtaskRecord, reason: &str) -> Option<Diagnosis> {
+    let n = f.answers.len();
+    let all = |p: &dyn Fn(&str) -> bool| f.answers.iter().all(|a| p(&a.text));
+    match (f.subtask, reason) {
+        (_, "empty_answer" | "format_error") => rule(
+            "format",
+            format!("{n} answers could not be parsed"),
+            "End with the final answer in the exact fenced format the prompt shows, copying each target verbatim.".into(),
+        ),
+        (_, "invented_target") => rule(
+            "invented_target",
+            format!("{n} answers named targets the prompt did not show"),
+            "Copy every answer target verbatim from the prompt's listing; never name a path, definition or line it did not show.".into(),
+        ),
+        (Subtask::Edit, "unknown_file") => rule(
+            "unknown_file",
+            "the edits named files whose code was not shown".into(),
+            "Edit only files whose code the prompt shows, copying their paths verbatim.".into(),
+        ),
+        (Subtask::Edit, "search_not_found") => rule(
+            "search_not_found",
+            "SEARCH texts did not match the shown code".into(),
+            "Copy SEARCH lines verbatim from the shown code, indentation included, and keep them short.".into(),
+        ),
+        (Subtask::Edit, _) if reason == "no_change" || cosmetic_edits(f) => rule(
+            "no_op_edit",
+            "the edits changed no logic (no change, or comments only)".into(),
+            "Change the operator of a comparison, bound or arithmetic; an edit that only adds a comment fixes nothing.".into(),
+        ),
+        (Subtask::File, _)
+            if all(&|t| {
+                let fs = answer::parse_files(t);
+                !fs.is_empty() && fs.iter().all(|p| is_test_path(p))
+            }) =>
+        {
+            rule(
+                "test_file",
+                "every answer named only test files".into(),
+                "Fix library code, not tests: leave test files out of the answer.".into(),
+            )
+        }
+        (Subtask::Function, _)
+            if all(&|t| {
+                let fs = answer::parse_functions(t);
+                !fs.is_empty()
+                    && fs.iter().all(|l| {
+                        rec.shown.functions.iter().any(|s| {
+                            s.path == l.path && s.name == l.name && s.kind == DefKind::Class
+                        })
+                    })
+            }) =>
+        {
+            rule(
+                "class_not_method",
+                "every answer named a class rather than a method".into(),
+                "Name the method that computes the wrong value, not its enclosing class.".into(),
+            )
+        }
+        (Subtask::Line, _)
+            if all(&|t| {
+                let ls = answer::parse_lines(t);
+                !ls.is_empty()
+                    && ls
+                        .iter()
+                        .all(|l| line_text(rec, &l.path, l.line).is_none_or(is_non_code))
+            }) =>
+        {
+            rule(
+                "non_code_line",
+                "every answer pointed at a header, decorator, comment or blank line".into(),
+                "Point at a statement that computes a value, not at a definition header, decorator or comment.".into(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// The rules over the sandbox's execution feedback of failed edits.
+fn exec_rules(f: &Failure, ev: &IssueEvidence) -> Option<Diagnosis> {
+    if f.subtask != Subtask::Edit {
+        return None;
+    }
+    let crash = f.exec().find_map(|e| {
+        e.exception_type().filter(|t| {
+            *t != "AssertionError" && (t.ends_with("Error") || t.ends_with("Exception"))
+        })
+    });
+    if let Some(t) = crash {
+        return rule(
+            "exec_crash",
+            format!("the edited code raised {t} when the tests ran"),
+            "Make the smallest change: alter one operator and keep the line's names and types so the code still runs.".into(),
+        );
+    }
+    if let Some(e) = f.exec().find(|e| !e.broken.is_empty()) {
+        return rule(
+            "exec_broke_passing",
+            format!("the edit broke {} tests that passed before", e.broken.len()),
+            "Make the smallest change: alter one operator so the behaviour passing tests rely on stays.".into(),
+        );
+    }
+    let e = f.exec().find(|e| !e.still_failing.is_empty())?;
+    let summary = format!(
+        "the edit ran but {} failing tests still fail ({})",
+        e.still_failing.len(),
+        e.exception.as_deref().unwrap_or("no exception line")
+    );
+    let skill = if ev.deepest_repo_frame().is_some() {
+        "The failing tests still fail: edit the line the traceback's last frame names, at its comparison, bound or arithmetic."
+    } else if !ev.calls.is_empty() {
+        "The failing tests still fail: edit inside the definition the issue's snippet calls, at its comparison, bound or arithmetic."
+    } else {
+        "The failing tests still fail: change the comparison, bound or arithmetic of the line using the issue's own words."
+    };
+    rule("exec_still_failing", summary, skill.into())
+}
+
+/// The rules over the issue's evidence (`traceback` .. `wrong_expression`).
+fn evidence_rules(f: &Failure, ev: &IssueEvidence) -> Option<Diagnosis> {
+    match f.subtask {
+        Subtask::File | Subtask::Function | Subtask::Line if ev.deepest_repo_frame().is_some() => {
+            rule(
+                "traceback",
+                "the answers missed the code the issue's traceback points at".into(),
+                "Open the code the traceback's last frame names first; the error surfaces there.".into(),
+            )
+        }
+        Subtask::File | Subtask::Function if !ev.imports.is_empty() => rule(
+            "import",
+            format!("the answers ignored the module the issue's snippet imports ({})", ev.imports[0]),
+            "Open the module the issue's snippet imports before any module that merely looks similar.".into(),
+        ),
+        Subtask::Function if !ev.calls.is_empty() => rule(
+            "call",
+            format!(
+                "the answers missed the definition behind the issue's call {}(",
+                ev.calls[ev.calls.len() - 1]
+            ),
+            "Choose the definition the issue's snippet calls, not a helper with a similar name.".into(),
+        ),
+        Subtask::Line | Subtask::Edit => rule(
+            "wrong_expression",
+            "the answers targeted lines that do not produce the reported value".into(),
+            "Pick the line whose comparison, bound or arithmetic yields the value the issue reports as wrong.".into(),
+        ),
+        _ => None,
+    }
+}
+
+/// The first rule that applies, in the order of [`RULES`] (without the fallback).
+fn apply_rules(
+    f: &Failure,
+    rec: &SubtaskRecord,
+    reason: &str,
+    ev: &IssueEvidence,
+) -> Option<Diagnosis> {
+    form_rules(f, rec, reason)
+        .or_else(|| exec_rules(f, ev))
+        .or_else(|| evidence_rules(f, ev))
 }
 
 impl Diagnoser for RuleDiagnoser {
@@ -396,14 +409,24 @@ impl Diagnoser for TeacherDiagnoser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rft::failforge::fixtures::{edit_answer, failure, line_answer, record};
+    use crate::rft::failforge::exec::ExecFeedback;
+    use crate::rft::failforge::fixtures::{edit_answer, failure, line_answer, record, truth};
+    use crate::rft::failforge::follow::directives;
     use crate::rft::failforge::leakage::{find_leak, LeakKind};
 
     const PLAIN: &str = "Scaling gives the wrong number.\nExpected 9, got 6.";
 
-    fn diagnose(subtask: Subtask, problem: &str, answers: &[&str]) -> Diagnosis {
+    fn diagnose_with(
+        subtask: Subtask,
+        problem: &str,
+        answers: &[&str],
+        exec: Option<ExecFeedback>,
+    ) -> Diagnosis {
         let rec = record(subtask, "i1");
-        let f = failure(&rec, problem, answers);
+        let mut f = failure(&rec, problem, answers);
+        for a in &mut f.answers {
+            a.exec = exec.clone();
+        }
         let case = Case {
             failure: &f,
             item: TeacherItem {
@@ -415,109 +438,209 @@ mod tests {
         d.remove(0).unwrap()
     }
 
+    fn diagnose(subtask: Subtask, problem: &str, answers: &[&str]) -> Diagnosis {
+        diagnose_with(subtask, problem, answers, None)
+    }
+
+    fn ran(exception: &str, still: &[&str], broken: &[&str]) -> Option<ExecFeedback> {
+        Some(ExecFeedback {
+            status: "unresolved".into(),
+            still_failing: still.iter().map(|s| s.to_string()).collect(),
+            broken: broken.iter().map(|s| s.to_string()).collect(),
+            exception: Some(exception.into()),
+            frames: vec!["pkg/core.py:3 in scale".into()],
+            ..ExecFeedback::default()
+        })
+    }
+
     #[test]
-    fn each_rule_fires_on_its_failure() {
+    fn each_rule_fires_on_its_failure_and_writes_a_followable_clean_skill() {
         let file = |p: &str| format!("<think>t</think>\n```\n{p}\n```");
         let tb = "Crash:\nTraceback (most recent call last):\n  File \"/usr/lib/python3.11/runpy.py\", line 1, in run\n  File \"/home/u/acme/pkg/core.py\", line 3, in scale\nValueError";
         let imp = "Wrong result:\n```python\nfrom pkg import core\ncore.scale(4)\n```";
         let calls = "Calling helper2(3) gives the wrong number.";
         let e = |s: &str, r: &str| edit_answer("pkg/core.py", s, r);
-        let cases: Vec<(Subtask, &str, Vec<String>, &str)> = vec![
+        let wrong_edit = e("    y = x + 1", "    y = x - 1");
+        type Case4 = (
+            Subtask,
+            &'static str,
+            Vec<String>,
+            Option<ExecFeedback>,
+            &'static str,
+        );
+        let cases: Vec<Case4> = vec![
             (
                 Subtask::File,
                 PLAIN,
                 vec!["I have no idea.".into()],
+                None,
                 "format",
             ),
             (
                 Subtask::File,
                 PLAIN,
                 vec![file("pkg/nothere.py")],
+                None,
                 "invented_target",
             ),
             (
                 Subtask::Edit,
                 PLAIN,
                 vec![edit_answer("pkg/other.py", "    y = x + 1", "    y = x")],
+                None,
                 "unknown_file",
             ),
             (
                 Subtask::Edit,
                 PLAIN,
                 vec![e("    return z", "    return y")],
+                None,
                 "search_not_found",
             ),
             (
                 Subtask::Edit,
                 PLAIN,
                 vec![e("    y = x + 1", "    y = x + 1  # reviewed")],
+                None,
                 "no_op_edit",
             ),
             (
                 Subtask::File,
                 tb,
                 vec![file("tests/test_core.py")],
+                None,
                 "test_file",
             ),
             (
                 Subtask::Function,
                 imp,
                 vec!["```\npkg/core.py\nclass: Parser\n```".into()],
+                None,
                 "class_not_method",
             ),
-            (Subtask::Line, PLAIN, vec![line_answer(1)], "non_code_line"),
-            (Subtask::File, tb, vec![file("pkg/util.py")], "traceback"),
-            (Subtask::File, imp, vec![file("pkg/util.py")], "import"),
+            (
+                Subtask::Line,
+                PLAIN,
+                vec![line_answer(1)],
+                None,
+                "non_code_line",
+            ),
+            (
+                Subtask::Edit,
+                PLAIN,
+                vec![wrong_edit.clone()],
+                ran("TypeError: unsupported operand", &["test_scale"], &[]),
+                "exec_crash",
+            ),
+            (
+                Subtask::Edit,
+                PLAIN,
+                vec![wrong_edit.clone()],
+                ran("AssertionError: 6 != 9", &["test_scale"], &["test_other"]),
+                "exec_broke_passing",
+            ),
+            (
+                Subtask::Edit,
+                calls,
+                vec![wrong_edit.clone()],
+                ran("AssertionError: 6 != 9", &["test_scale"], &[]),
+                "exec_still_failing",
+            ),
+            (
+                Subtask::File,
+                tb,
+                vec![file("pkg/util.py")],
+                None,
+                "traceback",
+            ),
+            (
+                Subtask::File,
+                imp,
+                vec![file("pkg/util.py")],
+                None,
+                "import",
+            ),
             (
                 Subtask::Function,
                 calls,
                 vec!["```\npkg/core.py\nfunction: helper\n```".into()],
+                None,
                 "call",
             ),
             (
                 Subtask::Line,
                 PLAIN,
                 vec![line_answer(2)],
+                None,
                 "wrong_expression",
             ),
             (
                 Subtask::Edit,
                 PLAIN,
-                vec![e("    y = x + 1", "    y = x - 1")],
+                vec![wrong_edit.clone()],
+                None,
                 "wrong_expression",
             ),
             (
                 Subtask::File,
                 PLAIN,
                 vec![file("pkg/util.py")],
+                None,
                 "reread_issue",
             ),
         ];
         let mut fired = std::collections::BTreeSet::new();
-        for (st, problem, answers, want) in cases {
+        for (st, problem, answers, exec, want) in cases {
             let refs: Vec<&str> = answers.iter().map(String::as_str).collect();
-            let d = diagnose(st, problem, &refs);
+            let d = diagnose_with(st, problem, &refs, exec);
             assert_eq!(d.rule, want, "{st:?} {answers:?}: {d:?}");
             assert!(d.skill.split_whitespace().count() <= 24, "{d:?}");
             assert!(!d.summary.is_empty());
+            assert!(
+                !directives(&d.skill).is_empty(),
+                "not in the vocabulary: {d:?}"
+            );
+            assert_eq!(find_leak(&d.skill, &truth()), None, "{d:?}");
             fired.insert(d.rule);
         }
         assert_eq!(fired.len(), RULES.len(), "every rule has a case");
+        assert!(RULES.len() >= 16);
     }
 
     #[test]
-    fn rules_that_quote_the_issue_can_leak_and_the_check_sees_it() {
+    fn execution_feedback_reaches_the_feedback_text() {
+        let rec = record(Subtask::Edit, "i1");
+        let mut f = failure(
+            &rec,
+            PLAIN,
+            &[&edit_answer(
+                "pkg/core.py",
+                "    y = x + 1",
+                "    y = x - 1",
+            )],
+        );
+        f.answers[0].exec = ran("AssertionError: 6 != 9", &["test_scale"], &[]);
+        let t = f.feedback_text();
+        assert!(
+            t.contains("still failing test_scale")
+                && t.contains("AssertionError: 6 != 9")
+                && t.contains("pkg/core.py:3 in scale"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn a_diagnoser_that_quotes_the_traceback_leaks_and_the_check_sees_it() {
+        // Planted: the old traceback skill quoted the frame's path.
+        let leaky = "Follow the traceback: its deepest repository frame, /home/u/acme/pkg/core.py, names the file to open first.";
+        assert_eq!(
+            find_leak(leaky, &truth()).map(|l| l.kind),
+            Some(LeakKind::Path)
+        );
         let tb = "Crash:\n  File \"/home/u/acme/pkg/core.py\", line 3, in scale\nValueError";
         let d = diagnose(Subtask::File, tb, &["```\npkg/util.py\n```"]);
         assert_eq!(d.rule, "traceback");
-        let leak = find_leak(&d.skill, &crate::rft::failforge::fixtures::truth());
-        assert_eq!(leak.map(|l| l.kind), Some(LeakKind::Path));
-        // The general rules never carry this instance's answer.
-        let d = diagnose(Subtask::Line, PLAIN, &[&line_answer(2)]);
-        assert_eq!(
-            find_leak(&d.skill, &crate::rft::failforge::fixtures::truth()),
-            None
-        );
+        assert_eq!(find_leak(&d.skill, &truth()), None);
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Failures with their feedback: every subtask prompt whose teacher samples all failed the
 //! ground-truth filter, with each failed answer and why it scored zero (the reward breakdown).
-//! The feedback names what the answers did wrong, never what the ground truth is, so a diagnoser
-//! may read it.
+//! For edits run in the sandbox it also carries the execution feedback (tests still failing, the
+//! exception line, the last traceback frames). The feedback names what the answers did wrong,
+//! never what the ground truth is, so a diagnoser may read it.
 
 use std::collections::BTreeMap;
 
+use crate::rft::failforge::exec::{EditExecutor, ExecFeedback};
 use crate::rft::rl::zero_reason_name;
 use crate::rft::teacher::TeacherItem;
 use crate::swe::answer;
@@ -18,6 +20,10 @@ pub struct FailedAnswer {
     pub text: String,
     /// Why it failed.
     pub breakdown: RewardBreakdown,
+    /// It passed the rule reward but its patch did not resolve the instance in the sandbox.
+    pub failed_execution: bool,
+    /// What running it in the sandbox said (edits only, when an executor ran it).
+    pub exec: Option<ExecFeedback>,
 }
 
 /// A prompt whose samples all failed.
@@ -33,9 +39,13 @@ pub struct Failure {
     pub answers: Vec<FailedAnswer>,
 }
 
-/// The reason name of a breakdown (`positive` when it has none).
-fn reason(b: &RewardBreakdown) -> &'static str {
-    b.zero_reason
+/// The reason name of an answer (`failed_execution` when only the sandbox rejected it).
+fn reason(a: &FailedAnswer) -> &'static str {
+    if a.failed_execution {
+        return "failed_execution";
+    }
+    a.breakdown
+        .zero_reason
         .as_ref()
         .map(zero_reason_name)
         .unwrap_or("positive")
@@ -73,7 +83,7 @@ impl Failure {
     pub fn reasons(&self) -> BTreeMap<&'static str, usize> {
         let mut out = BTreeMap::new();
         for a in &self.answers {
-            *out.entry(reason(&a.breakdown)).or_default() += 1;
+            *out.entry(reason(a)).or_default() += 1;
         }
         out
     }
@@ -94,9 +104,14 @@ impl Failure {
             .answers
             .iter()
             .map(|a| {
+                let exec = a
+                    .exec
+                    .as_ref()
+                    .map(|e| format!(" | {}", e.line()))
+                    .unwrap_or_default();
                 format!(
-                    "- {}: {}",
-                    reason(&a.breakdown),
+                    "- {}: {}{exec}",
+                    reason(a),
                     answer_summary(self.subtask, &a.text)
                 )
             })
@@ -104,13 +119,20 @@ impl Failure {
         lines.dedup();
         lines.join("\n")
     }
+
+    /// The execution feedback of its answers that ran.
+    pub fn exec(&self) -> impl Iterator<Item = &ExecFeedback> {
+        self.answers.iter().filter_map(|a| a.exec.as_ref())
+    }
 }
 
-/// The prompts whose `samples` all scored zero or less, with their answers and breakdowns.
+/// The prompts whose `samples` all scored zero or less or, where `executed[i][k]` is given, whose
+/// positive edits all failed execution, with their answers and breakdowns.
 pub fn collect_failures(
     items: &[TeacherItem<'_>],
     samples: &[Vec<String>],
     edit_reward: EditReward,
+    executed: Option<&[Vec<bool>]>,
 ) -> Vec<Failure> {
     let mut out = Vec::new();
     for (i, (item, outs)) in items.iter().zip(samples).enumerate() {
@@ -119,12 +141,22 @@ pub fn collect_failures(
         }
         let answers: Vec<FailedAnswer> = outs
             .iter()
-            .map(|t| FailedAnswer {
-                text: t.clone(),
-                breakdown: item.record.reward(t, edit_reward),
+            .enumerate()
+            .map(|(k, t)| {
+                let breakdown = item.record.reward(t, edit_reward);
+                let ran = executed.and_then(|e| e.get(i)).and_then(|e| e.get(k));
+                FailedAnswer {
+                    text: t.clone(),
+                    failed_execution: breakdown.reward > 0.0 && ran == Some(&false),
+                    breakdown,
+                    exec: None,
+                }
             })
             .collect();
-        if answers.iter().all(|a| a.breakdown.reward <= 0.0) {
+        if answers
+            .iter()
+            .all(|a| a.breakdown.reward <= 0.0 || a.failed_execution)
+        {
             out.push(Failure {
                 item: i,
                 subtask: item.record.subtask,
@@ -134,4 +166,30 @@ pub fn collect_failures(
         }
     }
     out
+}
+
+/// Runs the failed edits of `failures` with `executor` and attaches what each run said.
+pub fn attach_execution(
+    failures: &mut [Failure],
+    items: &[TeacherItem<'_>],
+    executor: &mut dyn EditExecutor,
+) -> anyhow::Result<usize> {
+    let mut slots = Vec::new();
+    let mut jobs = Vec::new();
+    for (fi, f) in failures.iter().enumerate() {
+        if f.subtask != Subtask::Edit {
+            continue;
+        }
+        for (ai, a) in f.answers.iter().enumerate() {
+            slots.push((fi, ai));
+            jobs.push((items[f.item].record, a.text.as_str()));
+        }
+    }
+    let fbs = executor.execute(&jobs)?;
+    let mut ran = 0;
+    for ((fi, ai), fb) in slots.into_iter().zip(fbs) {
+        ran += usize::from(fb.is_some());
+        failures[fi].answers[ai].exec = fb;
+    }
+    Ok(ran)
 }

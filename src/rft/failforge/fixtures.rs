@@ -98,7 +98,7 @@ pub fn failure(rec: &SubtaskRecord, problem: &str, answers: &[&str]) -> Failure 
         problem,
     }];
     let samples = vec![answers.iter().map(|s| s.to_string()).collect()];
-    let mut f = collect_failures(&items, &samples, EditReward::LineFbeta);
+    let mut f = collect_failures(&items, &samples, EditReward::LineFbeta, None);
     assert_eq!(f.len(), 1, "an answer passed");
     f.remove(0)
 }

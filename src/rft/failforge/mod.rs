@@ -1,14 +1,18 @@
 //! FailForge: rejection sampling throws away the prompts whose samples all fail, which are the
-//! hardest ones. This stage diagnoses each such failure from its feedback (the reward breakdown),
+//! hardest ones. This stage diagnoses each such failure from its feedback (the reward breakdown,
+//! and for edits the sandbox's failing tests and traceback),
 //! distils the diagnosis into a short skill kept in a library, checks the skill carries no ground
 //! truth, retries the prompt with the skill in front, and folds the passing answers back into the
 //! corpus with the skill removed from the prompt. A plain second attempt on the same budget runs
 //! beside it as the control.
 
 pub mod diagnose;
+pub mod evidence;
+pub mod exec;
 pub mod feedback;
 #[cfg(test)]
 mod fixtures;
+pub mod follow;
 pub mod leakage;
 pub mod report;
 pub mod retry;
@@ -22,7 +26,8 @@ use crate::rft::teacher::{Teacher, TeacherItem};
 use crate::swe::subtask::EditReward;
 
 use diagnose::{Case, Diagnoser, Diagnosis};
-use feedback::{collect_failures, Failure};
+use exec::EditExecutor;
+use feedback::{attach_execution, collect_failures, Failure};
 use report::FailForgeReport;
 use retry::{retry, unguided_example, RetryPlan};
 use skills::{applies_text, Skill, SkillLibrary};
@@ -40,6 +45,20 @@ pub struct FailForgeConfig {
     pub reuse_ratio: f64,
     /// Also run the plain second attempt (the control) and keep its examples.
     pub control: bool,
+    /// Who answers the retries in `sorft repro`: `follow` (the simulated skill-following teacher)
+    /// or `builtin` (the stage-1 teacher, which ignores skills).
+    pub retry_teacher: RetryTeacher,
+}
+
+/// The teacher of the guided retry and its control in `sorft repro`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryTeacher {
+    /// [`follow::SkillFollowingTeacher`]: simulated, reads the skill section of its prompt.
+    #[default]
+    Follow,
+    /// The built-in stage-1 teacher (reads only the issue text and the views).
+    Builtin,
 }
 
 impl Default for FailForgeConfig {
@@ -49,6 +68,7 @@ impl Default for FailForgeConfig {
             max_skill_words: 24,
             reuse_ratio: 0.6,
             control: true,
+            retry_teacher: RetryTeacher::Follow,
         }
     }
 }
@@ -150,21 +170,65 @@ pub struct Round<'a> {
     pub edit_reward: EditReward,
     /// The run's seed.
     pub seed: u64,
+    /// Which samples passed execution (`executed[i][k]`, stage-1 execution acceptance), if run.
+    pub executed: Option<&'a [Vec<bool>]>,
+}
+
+/// Keeps, of each edit retry's passing answers, those whose patch resolves the instance when
+/// `executor` runs it. Returns (runs, answers refused).
+fn execution_acceptance(
+    results: &mut [retry::RetryResult],
+    plans: &[RetryPlan],
+    items: &[TeacherItem<'_>],
+    executor: &mut dyn EditExecutor,
+) -> anyhow::Result<(usize, usize)> {
+    let mut slots = Vec::new();
+    let mut jobs = Vec::new();
+    for (pi, (p, r)) in plans.iter().zip(results.iter()).enumerate() {
+        let rec = items[p.item].record;
+        if rec.subtask != crate::swe::subtask::Subtask::Edit {
+            continue;
+        }
+        for a in &r.passed {
+            slots.push(pi);
+            jobs.push((rec, a.as_str()));
+        }
+    }
+    let fbs = executor.execute(&jobs)?;
+    let mut keep: Vec<Vec<bool>> = results.iter().map(|r| vec![true; r.passed.len()]).collect();
+    let mut next = vec![0usize; results.len()];
+    let (mut runs, mut refused) = (0, 0);
+    for (pi, fb) in slots.into_iter().zip(fbs) {
+        runs += usize::from(fb.is_some());
+        let ok = fb.is_some_and(|f| f.resolved);
+        keep[pi][next[pi]] = ok;
+        next[pi] += 1;
+        refused += usize::from(!ok);
+    }
+    for (r, k) in results.iter_mut().zip(keep) {
+        let mut it = k.into_iter();
+        r.passed.retain(|_| it.next().unwrap_or(true));
+    }
+    Ok((runs, refused))
 }
 
 /// Runs the stage over a finished rejection-sampling round. New clean skills go into `library`.
+/// With an `executor`, failed edits are run for their execution feedback and a recovered edit
+/// must resolve its instance (guided retry and control alike).
 pub fn run_stage(
     teacher: &mut dyn Teacher,
     diagnoser: &mut dyn Diagnoser,
     round: &Round<'_>,
     library: &mut SkillLibrary,
     cfg: &FailForgeConfig,
+    mut executor: Option<&mut dyn EditExecutor>,
 ) -> anyhow::Result<StageOutput> {
     let Round {
         items,
         samples,
         edit_reward,
         seed,
+        executed,
     } = *round;
     let mut rep = FailForgeReport {
         diagnoser: diagnoser.name(),
@@ -178,7 +242,10 @@ pub fn run_stage(
             .or_default()
             .prompts += 1;
     }
-    let failures = collect_failures(items, samples, edit_reward);
+    let mut failures = collect_failures(items, samples, edit_reward, executed);
+    if let Some(ex) = executor.as_deref_mut() {
+        rep.exec_runs += attach_execution(&mut failures, items, ex)?;
+    }
     let k = if cfg.retry_samples > 0 {
         cfg.retry_samples
     } else {
@@ -223,7 +290,12 @@ pub fn run_stage(
         })
         .collect();
     let retry_seed = random_u64(seed, 0xf41, 1);
-    let g = retry(teacher, items, &guided, k, retry_seed, edit_reward)?;
+    let mut g = retry(teacher, items, &guided, k, retry_seed, edit_reward)?;
+    if let Some(ex) = executor.as_deref_mut() {
+        let (runs, refused) = execution_acceptance(&mut g, &guided, items, ex)?;
+        rep.exec_runs += runs;
+        rep.exec_refused += refused;
+    }
     rep.retry_samples = guided.len() * k;
     let plain = if cfg.control {
         let plain_plans: Vec<RetryPlan> = guided
@@ -234,7 +306,13 @@ pub fn run_stage(
             })
             .collect();
         rep.control_samples = plain_plans.len() * k;
-        retry(teacher, items, &plain_plans, k, retry_seed, edit_reward)?
+        let mut p = retry(teacher, items, &plain_plans, k, retry_seed, edit_reward)?;
+        if let Some(ex) = executor {
+            let (runs, refused) = execution_acceptance(&mut p, &plain_plans, items, ex)?;
+            rep.exec_runs += runs;
+            rep.exec_refused_plain += refused;
+        }
+        p
     } else {
         Vec::new()
     };
@@ -302,7 +380,7 @@ pub fn run_stage(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rft::failforge::fixtures::{line_answer, record};
+    use crate::rft::failforge::fixtures::{edit_answer, line_answer, record};
     use crate::rft::failforge::retry::SKILL_HEADER;
     use crate::swe::subtask::{Subtask, SubtaskRecord};
 
@@ -392,6 +470,7 @@ mod tests {
             samples: &samples,
             edit_reward: EditReward::LineFbeta,
             seed: 7,
+            executed: None,
         };
         let out = run_stage(
             &mut teacher,
@@ -399,6 +478,7 @@ mod tests {
             &round,
             library,
             &FailForgeConfig::default(),
+            None,
         )
         .unwrap();
         (out, teacher.samples, diag.calls)
@@ -456,5 +536,161 @@ mod tests {
         // A later run starts from the library: no call at all.
         let (out, _, calls) = run(&recs[..1], &[issue], &mut lib);
         assert_eq!((calls, out.report.subtasks["line"].reused), (0, 1));
+    }
+
+    /// Answers edits on line 3: `y * 3` (resolves) when guided, `y * 4` (overlaps, does not
+    /// resolve) otherwise.
+    struct EditTeacher;
+
+    impl Teacher for EditTeacher {
+        fn name(&self) -> String {
+            "edit".into()
+        }
+        fn sample(
+            &mut self,
+            items: &[TeacherItem<'_>],
+            k: usize,
+            _seed: u64,
+        ) -> anyhow::Result<Vec<Vec<String>>> {
+            Ok(items
+                .iter()
+                .map(|it| {
+                    let to = if it.record.prompt.starts_with(SKILL_HEADER) {
+                        3
+                    } else {
+                        4
+                    };
+                    vec![
+                        edit_answer(
+                            "pkg/core.py",
+                            "    return y * 2",
+                            &format!("    return y * {to}")
+                        );
+                        k
+                    ]
+                })
+                .collect())
+        }
+    }
+
+    /// A planted sandbox: an edit resolves only when it writes `y * 3`; records what it ran.
+    #[derive(Default)]
+    struct FakeSandbox {
+        ran: Vec<String>,
+    }
+
+    impl EditExecutor for FakeSandbox {
+        fn execute(
+            &mut self,
+            jobs: &[(&SubtaskRecord, &str)],
+        ) -> anyhow::Result<Vec<Option<exec::ExecFeedback>>> {
+            Ok(jobs
+                .iter()
+                .map(|(_, a)| {
+                    self.ran.push(a.to_string());
+                    let ok = a.contains("y * 3");
+                    Some(exec::ExecFeedback {
+                        resolved: ok,
+                        status: if ok { "resolved" } else { "unresolved" }.into(),
+                        still_failing: if ok {
+                            vec![]
+                        } else {
+                            vec!["test_scale".into()]
+                        },
+                        exception: (!ok).then(|| "AssertionError: 8 != 6".into()),
+                        ..exec::ExecFeedback::default()
+                    })
+                })
+                .collect())
+        }
+    }
+
+    /// Records the feedback it was shown.
+    #[derive(Default)]
+    struct Recorder {
+        seen: Vec<String>,
+    }
+
+    impl Diagnoser for Recorder {
+        fn name(&self) -> String {
+            "recorder".into()
+        }
+        fn diagnose(
+            &mut self,
+            cases: &[Case<'_>],
+            max_words: usize,
+            seed: u64,
+        ) -> anyhow::Result<Vec<Option<Diagnosis>>> {
+            self.seen
+                .extend(cases.iter().map(|c| c.failure.feedback_text()));
+            diagnose::RuleDiagnoser.diagnose(cases, max_words, seed)
+        }
+    }
+
+    #[test]
+    fn execution_feeds_the_diagnoser_and_refuses_recovered_edits_that_do_not_resolve() {
+        let recs = [record(Subtask::Edit, "e")];
+        let items: Vec<TeacherItem<'_>> = recs
+            .iter()
+            .map(|r| TeacherItem {
+                record: r,
+                problem: "Totals are off.",
+            })
+            .collect();
+        // Stage 1: an edit on the right line that overlaps but failed execution.
+        let samples = vec![vec![edit_answer(
+            "pkg/core.py",
+            "    return y * 2",
+            "    return y * 4",
+        )]];
+        let executed = vec![vec![false]];
+        let round = Round {
+            items: &items,
+            samples: &samples,
+            edit_reward: EditReward::LineFbeta,
+            seed: 1,
+            executed: Some(&executed),
+        };
+        let (mut sandbox, mut diag) = (FakeSandbox::default(), Recorder::default());
+        let mut lib = SkillLibrary::new();
+        let out = run_stage(
+            &mut EditTeacher,
+            &mut diag,
+            &round,
+            &mut lib,
+            &FailForgeConfig::default(),
+            Some(&mut sandbox),
+        )
+        .unwrap();
+        let r = &out.report;
+        let e = &r.subtasks["edit"];
+        assert_eq!(e.failed, 1);
+        assert!(
+            diag.seen[0].contains("failed_execution")
+                && diag.seen[0].contains("AssertionError: 8 != 6"),
+            "{:?}",
+            diag.seen
+        );
+        // The plain retry's `y * 4` overlaps the right line but is refused by execution.
+        assert_eq!((e.recovered, e.recovered_plain), (1, 0));
+        assert_eq!((r.exec_refused, r.exec_refused_plain), (0, 1));
+        assert!(out.plain_retry.is_empty());
+        assert_eq!(r.exec_runs, 3);
+        assert_eq!(sandbox.ran.len(), 3);
+        // Without the sandbox the same round keeps the overlapping edit, and counts no failure.
+        let round = Round {
+            executed: None,
+            ..round
+        };
+        let out = run_stage(
+            &mut EditTeacher,
+            &mut Recorder::default(),
+            &round,
+            &mut SkillLibrary::new(),
+            &FailForgeConfig::default(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(out.report.subtasks["edit"].failed, 0);
     }
 }

@@ -60,6 +60,15 @@ pub struct FailForgeReport {
     pub mcnemar: Option<McNemar>,
     /// Skills in the library at the end.
     pub library_size: usize,
+    /// Sandbox runs of edits (failed edits for feedback, recovered edits for acceptance).
+    #[serde(default)]
+    pub exec_runs: usize,
+    /// Guided answers that passed the rule reward but failed execution (refused).
+    #[serde(default)]
+    pub exec_refused: usize,
+    /// The same for the plain second attempt.
+    #[serde(default)]
+    pub exec_refused_plain: usize,
 }
 
 impl FailForgeReport {
@@ -149,6 +158,13 @@ number of samples and seeds, without the skill.\n\n\
             self.diagnoser_calls,
             self.library_size
         ));
+        if self.exec_runs > 0 {
+            md.push_str(&format!(
+                "Execution: {} sandbox runs of edits (feedback for failed edits, acceptance of recovered ones); \
+refused after passing the rule reward: {} guided, {} plain retry.\n",
+                self.exec_runs, self.exec_refused, self.exec_refused_plain
+            ));
+        }
         if !self.rules.is_empty() {
             md.push_str(&format!(
                 "Skills used, by rule: {}.\n",
