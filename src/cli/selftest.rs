@@ -17,6 +17,8 @@ use sorft::engine::rng::SplitMix;
 use sorft::engine::sampling::{truncated_distribution, SamplingParams};
 use sorft::engine::{Cpu, Cuda, DType, Tensor};
 
+pub mod attention;
+
 /// Which backend to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -42,6 +44,9 @@ pub struct SelftestArgs {
     /// 512 x 40 over 151,936), for the software GPU of tests/softgpu that runs kernels on the CPU.
     #[arg(long)]
     pub quick: bool,
+    /// Only the tensor-core attention checks (kernels/attn_mma.cu): `ci` or `full` shapes.
+    #[arg(long, value_enum)]
+    pub attention: Option<attention::Mode>,
 }
 
 /// Relative tolerance of a dtype (`|got - want| <= tol * (|want| + rms(want))`).
@@ -138,6 +143,9 @@ impl Checks {
 
 /// Runs `sorft selftest`.
 pub fn run(a: SelftestArgs) -> Result<()> {
+    if let Some(mode) = a.attention {
+        return attention::run(mode, a.seed);
+    }
     let mut checks = Checks::default();
     match a.device {
         Device::Cpu => {
@@ -1238,6 +1246,7 @@ mod tests {
             seed: 1,
             no_model: true,
             quick: true,
+            attention: None,
         })
         .unwrap_err();
         let msg = e.to_string();
