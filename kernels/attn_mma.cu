@@ -39,11 +39,6 @@ template <int HD> __device__ __forceinline__ int am_swz(int row, int col) {
     return row * HD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
-// Two f32 as a bf16 pair (low half = first), round to nearest even.
-__device__ __forceinline__ u32 am_pack(float lo, float hi) {
-    return (u32)from_f32<bf16>(lo).bits | ((u32)from_f32<bf16>(hi).bits << 16);
-}
-
 // Issues the cp.async copies of BN key (and value) rows starting at `kt` into one stage; rows at
 // or after `kend` are zero-filled (their source address stays in bounds).
 template <int HD, int BN>
@@ -132,8 +127,8 @@ __device__ __forceinline__ void am_softmax(float s[][4], float m[2], float l[2],
             l[e >> 1] += p[e];
         }
         // n-tile nt holds keys 8 nt .. +7: registers 0-1 (nt even) or 2-3 (odd) of k-step nt / 2.
-        pa[nt >> 1][(nt & 1) * 2] = am_pack(p[0], p[1]);
-        pa[nt >> 1][(nt & 1) * 2 + 1] = am_pack(p[2], p[3]);
+        pa[nt >> 1][(nt & 1) * 2] = pack_bf16x2(p[0], p[1]);
+        pa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16x2(p[2], p[3]);
     }
 }
 
@@ -203,12 +198,9 @@ __device__ void attn_mma_fwd_impl(const bf16* q, const bf16* k, const bf16* v, b
         u32 idx = tile.first + warp * 16 + g + 8 * i;
         if (idx >= n) continue;
         u32 h = kvh * G + idx % G;
-        bf16* dst = out + (u64)row[i] * qf + h * HD + 2 * t;
+        u32* dst = (u32*)(out + (u64)row[i] * qf + h * HD + 2 * t);  // 4-byte aligned: 2 t, HD even
         float inv = 1.f / li;
-        for (int dt = 0; dt < HD / 8; dt++) {
-            dst[dt * 8] = from_f32<bf16>(o[dt][2 * i] * inv);
-            dst[dt * 8 + 1] = from_f32<bf16>(o[dt][2 * i + 1] * inv);
-        }
+        for (int dt = 0; dt < HD / 8; dt++) dst[dt * 4] = pack_bf16x2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
         if (t == 0) lse[(u64)row[i] * n_heads + h] = m[i] * 0.6931471805599453f + logf(li);
     }
 }
