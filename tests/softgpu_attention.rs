@@ -1,7 +1,7 @@
-//! The tensor-core attention forward (`kernels/attn_mma.cu`) on the software GPU of
-//! `tests/softgpu/`: `sorft selftest --attention ci` matches the CPU backend, planted bugs in the
-//! kernel (a causal mask one key too wide, a cp.async pipeline that reads a tile before waiting
-//! for it) are caught, and its SASS keeps its tensor-core instructions (census, where nvcc's
+//! The tensor-core attention (`kernels/attn_mma.cu`) on the software GPU of `tests/softgpu/`:
+//! `sorft selftest --attention ci` matches the CPU backend (forward and backward), planted bugs
+//! in the kernels (a causal mask one key too wide, a dK/dV mask without the diagonal, a cp.async
+//! pipeline that reads a tile before waiting for it) are caught, and its SASS keeps its tensor-core instructions (census, where nvcc's
 //! tools are installed).
 //!
 //! Needs g++ and python3. Where they are missing the tests say so and pass, unless
@@ -83,7 +83,12 @@ fn the_tensor_core_attention_matches_the_cpu_backend_on_the_software_gpu() {
     // The checks ran the tensor-core kernel, not the scalar fallback.
     assert!(t.contains("attn_mma_fwd_bf16_hd128"), "{t}");
     assert!(t.contains("attn_mma_fwd_bf16_hd64"), "{t}");
-    assert!(!t.contains("flash_fwd_bf16"), "{t}");
+    for name in ["attn_mma_bwd_dq_bf16_hd64", "attn_mma_bwd_dkdv_bf16_hd128"] {
+        assert!(t.contains(name), "{name}:\n{t}");
+    }
+    for scalar in ["flash_fwd_bf16", "flash_bwd_dq_bf16", "flash_bwd_dkdv_bf16"] {
+        assert!(!t.contains(scalar), "{scalar}:\n{t}");
+    }
     assert!(!t.contains("softgpu: kernel"), "{t}");
 }
 
@@ -113,24 +118,35 @@ fn run_planted(kernels: &Path) -> Option<String> {
 
 #[test]
 fn a_causal_mask_one_key_too_wide_fails_the_comparison() {
-    let k = planted("j > row[e >> 1] ?", "j > row[e >> 1] + 1 ?");
+    let k = planted("j > row[e >> 1] ? NEG_INF", "j > row[e >> 1] + 1 ? NEG_INF");
     let Some(t) = run_planted(k.path()) else {
         return;
     };
     assert!(t.contains("FAIL attn_mma hd"), "{t}");
+    assert!(t.contains(" out "), "{t}");
+}
+
+#[test]
+fn a_dk_dv_kernel_that_drops_the_diagonal_fails_the_gradient_comparison() {
+    let k = planted("key[e >> 1] <= r;", "key[e >> 1] < r;");
+    let Some(t) = run_planted(k.path()) else {
+        return;
+    };
+    assert!(t.contains("FAIL attn_mma hd"), "{t}");
+    assert!(t.contains(" dv "), "{t}");
 }
 
 #[test]
 fn reading_a_tile_before_its_cp_async_wait_is_caught() {
     // Waiting for all but the two newest groups leaves the current tile in flight.
-    let k = planted("cp_async_wait<1>();", "cp_async_wait<2>();");
+    let k = planted(
+        "vs[st ^ 1], k, v, kt + BN, row_hi + 1, kvh, kf);\n            cp_async_commit();\n            cp_async_wait<1>();",
+        "vs[st ^ 1], k, v, kt + BN, row_hi + 1, kvh, kf);\n            cp_async_commit();\n            cp_async_wait<2>();",
+    );
     let Some(t) = run_planted(k.path()) else {
         return;
     };
-    assert!(
-        t.contains("no thread of this block has written"),
-        "{t}"
-    );
+    assert!(t.contains("no thread of this block has written"), "{t}");
     assert!(t.contains("attn_mma_fwd_bf16"), "{t}");
 }
 
@@ -141,7 +157,10 @@ fn the_census_requires_tensor_core_instructions_in_the_attention_kernel() {
         .lines()
         .find(|l| l.starts_with("attn_mma_fwd_"))
         .expect("kernels/census.txt has a line for attn_mma_fwd_*");
-    assert!(line.contains("HMMA,LDSM,LDGSTS") && line.ends_with("nolocal"), "{line}");
+    assert!(
+        line.contains("HMMA,LDSM,LDGSTS") && line.ends_with("nolocal"),
+        "{line}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("census.txt");
     std::fs::write(&spec, format!("{line}\n")).unwrap();

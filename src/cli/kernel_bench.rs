@@ -66,19 +66,10 @@ fn line(name: &str, secs: f64, work: f64, unit: &str, ceiling: f64) {
     );
 }
 
-/// One packed causal attention forward shape of the benchmark.
-struct AttnShape {
-    seqs: usize,
-    len: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-}
-
 /// FLOPs of a causal forward (two matrix products over the lower triangle, diagonal included).
-fn causal_fwd_flops(a: &AttnShape) -> f64 {
-    let pairs = (a.len * (a.len + 1) / 2) as f64;
-    4.0 * a.seqs as f64 * pairs * (a.head_dim * a.n_heads) as f64
+fn causal_fwd_flops(seqs: usize, len: usize, n_heads: usize, head_dim: usize) -> f64 {
+    let pairs = (len * (len + 1) / 2) as f64;
+    4.0 * seqs as f64 * pairs * (head_dim * n_heads) as f64
 }
 
 /// Attention forward rows: the tensor-core kernel (kernels/attn_mma.cu) at the shapes
@@ -92,13 +83,6 @@ fn attention_rows(be: &Cuda, rng: &mut SplitMix, tf: f64) -> Result<()> {
         (4, 4096, 32, 8, 64),
     ];
     for (i, &(seqs, len, n_heads, n_kv_heads, head_dim)) in shapes.iter().enumerate() {
-        let a = AttnShape {
-            seqs,
-            len,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-        };
         let sh = AttentionShape {
             n_heads,
             n_kv_heads,
@@ -128,7 +112,7 @@ fn attention_rows(be: &Cuda, rng: &mut SplitMix, tf: f64) -> Result<()> {
                     "attention fwd causal bf16 {kernel} {seqs}x{len} h{n_heads}/{n_kv_heads} hd{head_dim}"
                 ),
                 s?,
-                causal_fwd_flops(&a),
+                causal_fwd_flops(seqs, len, n_heads, head_dim),
                 "TFLOP/s",
                 tf,
             );

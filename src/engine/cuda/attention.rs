@@ -1,5 +1,6 @@
 //! Attention on the GPU: cache attention (split-K decode, also used for prefill), packed causal
-//! training attention with saved log-sum-exp, and its backward. Index tensors are validated on
+//! training attention with saved log-sum-exp, and its backward (bf16 at head dim 64/128: the
+//! tensor-core kernels of `kernels/attn_mma.cu`; otherwise the scalar ones of `attention.cu`). Index tensors are validated on
 //! the host, where the launch tables (tiles, splits) are computed.
 
 use super::launch::{
@@ -31,8 +32,9 @@ const MMA_ROWS: u32 = 64;
 /// Head dimensions of the tensor-core forward (`kernels/attn_mma.cu`).
 pub const MMA_HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// Whether the packed training forward uses the tensor-core kernel: bf16, head dim 64 or 128,
-/// unless `SORFT_ATTN_KERNEL=scalar` selects the scalar kernel of `kernels/attention.cu`.
+/// Whether packed training attention (forward and backward) uses the tensor-core kernels: bf16,
+/// head dim 64 or 128, unless `SORFT_ATTN_KERNEL=scalar` selects the scalar kernels of
+/// `kernels/attention.cu`.
 fn use_mma(dt: DType, head_dim: usize) -> bool {
     dt == DType::BF16
         && MMA_HEAD_DIMS.contains(&head_dim)
@@ -270,7 +272,12 @@ pub(crate) fn attention_backward(
     let dq = be.alloc(&[t, qf], dt, false)?;
     let dk = be.alloc(&[t, kf], dt, false)?;
     let dv = be.alloc(&[t, kf], dt, false)?;
-    let tiles = attention_tiles(&cu, BWD_ROWS);
+    let mma = use_mma(dt, hd);
+    let tiles = if mma {
+        mma_tiles(&cu, (sh.n_heads / sh.n_kv_heads) as u32, MMA_ROWS)
+    } else {
+        attention_tiles(&cu, BWD_ROWS)
+    };
     if tiles.is_empty() {
         return Ok((dq, dk, dv));
     }
@@ -307,6 +314,29 @@ pub(crate) fn attention_backward(
         Arg::U(sh.n_kv_heads as u32),
         Arg::F(sh.scale),
     ];
+    if mma {
+        let mut args: Vec<Arg> = common(&dq).to_vec();
+        args.extend_from_slice(&tail);
+        be.launch(
+            &format!("attn_mma_bwd_dq_bf16_hd{hd}"),
+            (n_tiles, sh.n_kv_heads as u32),
+            128,
+            &args,
+        )?;
+        let key_tiles = attention_tiles(&cu, MMA_ROWS);
+        let key_tiles_dev = be.upload_u32(&key_tiles)?;
+        let mut args: Vec<Arg> = common(&dk).to_vec();
+        args.push(Arg::P(be.ptr(&dv)));
+        args.push(Arg::P(be.ptr(&key_tiles_dev)));
+        args.extend_from_slice(&tail[1..]);
+        be.launch(
+            &format!("attn_mma_bwd_dkdv_bf16_hd{hd}"),
+            ((key_tiles.len() / 3) as u32, sh.n_kv_heads as u32),
+            128,
+            &args,
+        )?;
+        return Ok((dq, dk, dv));
+    }
     let mut args: Vec<Arg> = common(&dq).to_vec();
     args.extend_from_slice(&tail);
     be.launch(
@@ -368,9 +398,7 @@ mod tests {
         // 5 rows x 7 = 35 pairs: one block; 35 x 7 = 245: four; 1 x 7: one.
         assert_eq!(tiles.len(), 6);
         let last_row = |tl: &[u32]| ((tl[2] + 64).min((tl[1] - tl[0]) * g) - 1) / g;
-        assert!(tiles
-            .windows(2)
-            .all(|w| last_row(w[0]) >= last_row(w[1])));
+        assert!(tiles.windows(2).all(|w| last_row(w[0]) >= last_row(w[1])));
         assert_eq!(tiles[0], &[5, 40, 192]);
     }
 }
