@@ -605,6 +605,8 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
         let (dout_g, dout_c) = p.f(&[tt, nh * hd], 1.0)?;
         let (dq_g, dk_g, dv_g) =
             g.attention_backward(&q_g, &k_g, &vv_g, &o_g, &lse_g, &dout_g, &cu_g, sh)?;
+        // From the GPU's output on both sides: D = rowsum(dO * O) is sensitive to O's rounding.
+        let o_c = Cpu.upload(HostData::F32(&host(g, &o_g)?), &[tt, nh * hd])?;
         let (dq_c, dk_c, dv_c) =
             Cpu.attention_backward(&q_c, &k_c, &vv_c, &o_c, &lse_c, &dout_c, &cu_c, sh)?;
         c.close(
