@@ -155,8 +155,8 @@ fn the_census_requires_tensor_core_instructions_in_the_attention_kernel() {
     let spec_text = std::fs::read_to_string(repo().join("kernels/census.txt")).unwrap();
     let line = spec_text
         .lines()
-        .find(|l| l.starts_with("attn_mma_fwd_"))
-        .expect("kernels/census.txt has a line for attn_mma_fwd_*");
+        .find(|l| l.starts_with("attn_mma_"))
+        .expect("kernels/census.txt has a line for attn_mma_*");
     assert!(
         line.contains("HMMA,LDSM,LDGSTS") && line.ends_with("nolocal"),
         "{line}"
@@ -178,5 +178,7 @@ fn the_census_requires_tensor_core_instructions_in_the_attention_kernel() {
         return;
     }
     assert!(o.status.success(), "{t}");
-    assert!(t.contains("attn_mma_fwd_bf16_hd128"), "{t}");
+    for k in ["fwd", "bwd_dq", "bwd_dkdv"] {
+        assert!(t.contains(&format!("attn_mma_{k}_bf16_hd128")), "{k}:\n{t}");
+    }
 }
