@@ -1,9 +1,10 @@
 //! Embeds the CUDA kernels of `kernels/` into the binary.
 //!
-//! Every kernel's source is embedded (with `common.cuh` pasted in place of its `#include`) so that
-//! the runtime can compile it with NVRTC. When nvcc is available it also compiles each kernel to
-//! PTX for `compute_80` (JIT-compiled by the driver on any GPU from Ampere on) and to a cubin for
-//! `sm_90a` (H100/H200, loaded as is), so a GPU machine needs nothing but the driver.
+//! Every kernel's source is embedded (with `common.cuh` and `ptx.cuh` pasted in place of their
+//! `#include`s) so that the runtime can compile it with NVRTC. When nvcc is available it also
+//! compiles each kernel to PTX for `compute_80` (JIT-compiled by the driver on any GPU from Ampere
+//! on) and to a cubin for `sm_90a` (H100/H200, loaded as is), so a GPU machine needs nothing but
+//! the driver.
 //!
 //! nvcc is looked up in `$NVCC`, then in `$SORFT_NVCC_VENV` (a virtualenv made by
 //! `scripts/check-kernels.sh`), then on `PATH`. A compiler named explicitly must succeed; one
@@ -21,6 +22,8 @@ fn main() {
     let kernels = Path::new("kernels");
     let common = std::fs::read_to_string(kernels.join("common.cuh")).expect("kernels/common.cuh");
     let common = common.replace("#pragma once", "");
+    let ptx = std::fs::read_to_string(kernels.join("ptx.cuh")).expect("kernels/ptx.cuh");
+    let ptx = ptx.replace("#pragma once", "");
     let mut names: Vec<String> = std::fs::read_dir(kernels)
         .expect("kernels/ directory")
         .filter_map(|e| e.ok())
@@ -39,7 +42,9 @@ fn main() {
     for name in &names {
         let src =
             std::fs::read_to_string(kernels.join(format!("{name}.cu"))).expect("kernel source");
-        let expanded = src.replace("#include \"common.cuh\"", &common);
+        let expanded = src
+            .replace("#include \"common.cuh\"", &common)
+            .replace("#include \"ptx.cuh\"", &ptx);
         let src_path = out.join(format!("{name}.cu"));
         std::fs::write(&src_path, &expanded).expect("write expanded kernel source");
         let mut ptx = "None".to_string();

@@ -206,6 +206,19 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// cvt.rn.bf16x2.f32: two f32 rounded to nearest even bf16, packed (lo in the low half, as the mma
+// fragments hold a lower column). The emulation is common.cuh's from_f32 (NaN bits may differ:
+// the hardware writes the canonical 0x7fff).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+#ifdef SORFT_SOFTGPU
+    return (u32)from_f32<bf16>(lo).bits | ((u32)from_f32<bf16>(hi).bits << 16);
+#else
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#endif
+}
+
 // shfl.sync.idx / .bfly over the full warp, 32-bit values.
 __device__ __forceinline__ u32 shfl_idx(u32 v, int src) {
 #ifdef SORFT_SOFTGPU

@@ -66,6 +66,61 @@ fn line(name: &str, secs: f64, work: f64, unit: &str, ceiling: f64) {
     );
 }
 
+/// FLOPs of a causal forward (two matrix products over the lower triangle, diagonal included).
+fn causal_fwd_flops(seqs: usize, len: usize, n_heads: usize, head_dim: usize) -> f64 {
+    let pairs = (len * (len + 1) / 2) as f64;
+    4.0 * seqs as f64 * pairs * (head_dim * n_heads) as f64
+}
+
+/// Attention forward rows: the tensor-core kernel (kernels/attn_mma.cu) at the shapes
+/// (causal, bf16, 4k-16k tokens), and the scalar kernel beside it (`SORFT_ATTN_KERNEL=scalar`)
+/// at one shape, in TFLOP/s against the bf16 GEMM ceiling `tf`.
+fn attention_rows(be: &Cuda, rng: &mut SplitMix, tf: f64) -> Result<()> {
+    let shapes = [
+        (4, 4096, 32, 8, 128),
+        (1, 16384, 32, 8, 128),
+        (4, 4096, 28, 4, 128),
+        (4, 4096, 32, 8, 64),
+    ];
+    for (i, &(seqs, len, n_heads, n_kv_heads, head_dim)) in shapes.iter().enumerate() {
+        let sh = AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let tt = seqs * len;
+        let q = rand_tensor(be, rng, &[tt, n_heads * head_dim], 1.0)?;
+        let k = rand_tensor(be, rng, &[tt, n_kv_heads * head_dim], 1.0)?;
+        let v = rand_tensor(be, rng, &[tt, n_kv_heads * head_dim], 1.0)?;
+        let cu: Vec<u32> = (0..=seqs as u32).map(|s| s * len as u32).collect();
+        let cu_t = be.upload(HostData::U32(&cu), &[cu.len()])?;
+        let kernels: &[&str] = if i == 0 { &["mma", "scalar"] } else { &["mma"] };
+        for &kernel in kernels {
+            let prev = std::env::var_os("SORFT_ATTN_KERNEL");
+            std::env::set_var("SORFT_ATTN_KERNEL", kernel);
+            let s = time(be, |_| {
+                be.attention_train(&q, &k, &v, &cu_t, sh)?;
+                Ok(())
+            });
+            match prev {
+                Some(p) => std::env::set_var("SORFT_ATTN_KERNEL", p),
+                None => std::env::remove_var("SORFT_ATTN_KERNEL"),
+            }
+            line(
+                &format!(
+                    "attention fwd causal bf16 {kernel} {seqs}x{len} h{n_heads}/{n_kv_heads} hd{head_dim}"
+                ),
+                s?,
+                causal_fwd_flops(seqs, len, n_heads, head_dim),
+                "TFLOP/s",
+                tf,
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Runs `sorft bench kernels`.
 pub fn run() -> Result<()> {
     use super::device::{pick, DeviceChoice, Picked};
@@ -187,6 +242,7 @@ pub fn run() -> Result<()> {
         );
     }
     drop((q, k, v, saved));
+    attention_rows(&be, &mut rng, tf)?;
 
     // decode: 64 sequences at 4096 positions of a slot cache
     let (bsz, ctxlen) = (64usize, 4096usize);

@@ -17,6 +17,8 @@ use sorft::engine::rng::SplitMix;
 use sorft::engine::sampling::{truncated_distribution, SamplingParams};
 use sorft::engine::{Cpu, Cuda, DType, Tensor};
 
+pub mod attention;
+
 /// Which backend to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -42,6 +44,9 @@ pub struct SelftestArgs {
     /// 512 x 40 over 151,936), for the software GPU of tests/softgpu that runs kernels on the CPU.
     #[arg(long)]
     pub quick: bool,
+    /// Only the tensor-core attention checks (kernels/attn_mma.cu): `ci` or `full` shapes.
+    #[arg(long, value_enum)]
+    pub attention: Option<attention::Mode>,
 }
 
 /// Relative tolerance of a dtype (`|got - want| <= tol * (|want| + rms(want))`).
@@ -138,6 +143,9 @@ impl Checks {
 
 /// Runs `sorft selftest`.
 pub fn run(a: SelftestArgs) -> Result<()> {
+    if let Some(mode) = a.attention {
+        return attention::run(mode, a.seed);
+    }
     let mut checks = Checks::default();
     match a.device {
         Device::Cpu => {
@@ -597,6 +605,8 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
         let (dout_g, dout_c) = p.f(&[tt, nh * hd], 1.0)?;
         let (dq_g, dk_g, dv_g) =
             g.attention_backward(&q_g, &k_g, &vv_g, &o_g, &lse_g, &dout_g, &cu_g, sh)?;
+        // From the GPU's output on both sides: D = rowsum(dO * O) is sensitive to O's rounding.
+        let o_c = Cpu.upload(HostData::F32(&host(g, &o_g)?), &[tt, nh * hd])?;
         let (dq_c, dk_c, dv_c) =
             Cpu.attention_backward(&q_c, &k_c, &vv_c, &o_c, &lse_c, &dout_c, &cu_c, sh)?;
         c.close(
@@ -1238,6 +1248,7 @@ mod tests {
             seed: 1,
             no_model: true,
             quick: true,
+            attention: None,
         })
         .unwrap_err();
         let msg = e.to_string();

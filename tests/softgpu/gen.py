@@ -47,6 +47,7 @@ def main():
     kdir, out = os.path.abspath(sys.argv[1]), sys.argv[2]
     os.makedirs(out, exist_ok=True)
     common = open(os.path.join(kdir, "common.cuh")).read().replace("#pragma once", "")
+    ptx = open(os.path.join(kdir, "ptx.cuh")).read().replace("#pragma once", "")
     names = sorted(f[:-3] for f in os.listdir(kdir) if f.endswith(".cu"))
     table = ["struct SgModule { const char* name; const char* source; const char* const* kernels; };"]
     rows = []
@@ -59,7 +60,7 @@ def main():
         regs = "".join('SG_KERNEL("%s", %s)\n' % (n, k) for k in ks)
         with open(os.path.join(out, "k_%s.cpp" % n), "w") as f:
             f.write(head + regs + "}\n")
-        expanded = src.replace('#include "common.cuh"', common)
+        expanded = src.replace('#include "common.cuh"', common).replace('#include "ptx.cuh"', ptx)
         table.append("static const char* const sg_k_%s[] = {%s, 0};" % (n, ", ".join('"%s"' % k for k in ks)))
         rows.append('    {"%s", %s, sg_k_%s},' % (n, c_string(expanded), n))
     table.append("static const SgModule SG_MODULES[] = {\n%s\n    {0, 0, 0}};" % "\n".join(rows))

@@ -115,3 +115,9 @@ extern "C" __global__ void ptx_shfl(u32* out) {
     out[lane] = shfl_idx(v, (lane + 7) % 32);
     out[32 + lane] = shfl_xor(v, 5);
 }
+
+// cvt.rn.bf16x2.f32: out[lane] = pack_bf16x2(in[2 lane], in[2 lane + 1]).
+extern "C" __global__ void ptx_cvt_bf16x2(const float* in, u32* out) {
+    int lane = threadIdx.x & 31;
+    out[lane] = pack_bf16x2(in[2 * lane], in[2 * lane + 1]);
+}

@@ -13,6 +13,7 @@ SG_KERNEL("ptx_test", ptx_mma_smem)
 SG_KERNEL("ptx_test", ptx_ldmatrix)
 SG_KERNEL("ptx_test", ptx_cp_async)
 SG_KERNEL("ptx_test", ptx_shfl)
+SG_KERNEL("ptx_test", ptx_cvt_bf16x2)
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,6 +179,42 @@ void test_shfl() {
         check(out[32 + lane] == 1000u + 3u * (lane ^ 5), "shfl.bfly", lane, 0, out[32 + lane], 1000 + 3 * (lane ^ 5));
     }
 }
+// The bf16 nearest to x, ties to the even one, by comparison with its two neighbours.
+unsigned short bf16_rne(float x) {
+    unsigned u;
+    memcpy(&u, &x, 4);
+    unsigned short down = (unsigned short)(u >> 16), up = (unsigned short)(down + 1);
+    float fd, fu;
+    unsigned ud = (unsigned)down << 16, uu = (unsigned)up << 16;
+    memcpy(&fd, &ud, 4);
+    memcpy(&fu, &uu, 4);
+    // Past the largest finite bf16 the next value up is 2^128 (the rounding rule's infinity).
+    double du = (up & 0x7fffu) == 0x7f80u ? copysign(ldexp(1.0, 128), (double)x) : (double)fu;
+    double ed = fabs((double)x - fd), eu = fabs((double)x - du);
+    if (ed != eu) return ed < eu ? down : up;
+    return (down & 1) ? up : down;
+}
+
+void test_cvt_bf16x2() {
+    // Exact values, ties (both directions of even), negatives, values that round up across a
+    // power of two, the largest finite bf16 neighbourhood and tiny values.
+    std::vector<float> in(64);
+    for (int i = 0; i < 64; i++) {
+        unsigned u = 0x3f800000u + ((unsigned)i << 15) + (i % 3 == 0 ? 0x8000u : (unsigned)(i * 977) % 0x8000u);
+        if (i % 4 == 1) u |= 0x80000000u;
+        if (i == 62) u = 0x7f7f8000u;  // tie below FLT_MAX's bf16 neighbourhood
+        if (i == 63) u = 0x00012345u;  // subnormal
+        memcpy(&in[i], &u, 4);
+    }
+    unsigned long long din = upload(in.data(), 64 * 4), dout = alloc(32 * 4);
+    if (!run("ptx_cvt_bf16x2", {&din, &dout})) exit(1);
+    std::vector<unsigned> out(32);
+    cuMemcpyDtoH_v2(out.data(), dout, 128);
+    for (int lane = 0; lane < 32; lane++) {
+        unsigned want = bf16_rne(in[2 * lane]) | ((unsigned)bf16_rne(in[2 * lane + 1]) << 16);
+        check(out[lane] == want, "cvt.rn.bf16x2.f32", lane, 0, out[lane], want);
+    }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -197,6 +234,7 @@ int main(int argc, char** argv) {
     test_ldmatrix();
     if (!test_cp_async(0)) return 1;
     test_shfl();
+    test_cvt_bf16x2();
     printf("ptx_test: %d checks, %d failed\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

@@ -1,5 +1,6 @@
 //! Attention on the GPU: cache attention (split-K decode, also used for prefill), packed causal
-//! training attention with saved log-sum-exp, and its backward. Index tensors are validated on
+//! training attention with saved log-sum-exp, and its backward (bf16 at head dim 64/128: the
+//! tensor-core kernels of `kernels/attn_mma.cu`; otherwise the scalar ones of `attention.cu`). Index tensors are validated on
 //! the host, where the launch tables (tiles, splits) are computed.
 
 use super::launch::{
@@ -23,6 +24,37 @@ fn check_head_dim(op: &'static str, sh: &AttentionShape) -> Result<()> {
             ),
         ))
     }
+}
+
+/// M rows ((query row, query head of the group) pairs) per block of the tensor-core forward.
+const MMA_ROWS: u32 = 64;
+
+/// Head dimensions of the tensor-core forward (`kernels/attn_mma.cu`).
+pub const MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Whether packed training attention (forward and backward) uses the tensor-core kernels: bf16,
+/// head dim 64 or 128, unless `SORFT_ATTN_KERNEL=scalar` selects the scalar kernels of
+/// `kernels/attention.cu`.
+fn use_mma(dt: DType, head_dim: usize) -> bool {
+    dt == DType::BF16
+        && MMA_HEAD_DIMS.contains(&head_dim)
+        && std::env::var("SORFT_ATTN_KERNEL").map_or(true, |v| v != "scalar")
+}
+
+/// The block list of the tensor-core forward: `(seq_start, seq_end, first M row)` triples, where
+/// the M rows of a sequence of `n` rows are its `n * g` (row, head-in-group) pairs in row-major
+/// order and a block owns `rows` of them. Blocks with the most key tiles come first (causal work
+/// grows with the row), so the GPU's tail is short.
+fn mma_tiles(cu: &[u32], g: u32, rows: u32) -> Vec<u32> {
+    let mut t: Vec<[u32; 3]> = Vec::new();
+    for w in cu.windows(2) {
+        let (s, e) = (w[0], w[1]);
+        let n = (e - s) * g;
+        t.extend((0..n).step_by(rows as usize).map(|f| [s, e, f]));
+    }
+    // Keys a block reads: up to its last row.
+    t.sort_by_key(|&[s, e, f]| std::cmp::Reverse(((f + rows).min((e - s) * g) - 1) / g));
+    t.into_iter().flatten().collect()
 }
 
 /// Whole groups of query heads per key/value head, at least one: the kernels compute
@@ -154,6 +186,30 @@ pub(crate) fn attention_train(
     let v = coerce(be, v, dt)?;
     let out = be.alloc(&[t, qf], dt, false)?;
     let lse = be.alloc(&[t, sh.n_heads], DType::F32, false)?;
+    if use_mma(dt, sh.head_dim) {
+        let g = (sh.n_heads / sh.n_kv_heads) as u32;
+        let tiles = mma_tiles(&cu, g, MMA_ROWS);
+        if !tiles.is_empty() {
+            let tiles_dev = be.upload_u32(&tiles)?;
+            be.launch(
+                &format!("attn_mma_fwd_bf16_hd{}", sh.head_dim),
+                ((tiles.len() / 3) as u32, sh.n_kv_heads as u32),
+                128,
+                &[
+                    Arg::P(be.ptr(q)),
+                    Arg::P(be.ptr(&k)),
+                    Arg::P(be.ptr(&v)),
+                    Arg::P(be.ptr(&out)),
+                    Arg::P(be.ptr(&lse)),
+                    Arg::P(be.ptr(&tiles_dev)),
+                    Arg::U(sh.n_heads as u32),
+                    Arg::U(sh.n_kv_heads as u32),
+                    Arg::F(sh.scale),
+                ],
+            )?;
+        }
+        return Ok((out, lse));
+    }
     let tiles = attention_tiles(&cu, FWD_ROWS);
     if tiles.is_empty() {
         return Ok((out, lse));
@@ -216,7 +272,12 @@ pub(crate) fn attention_backward(
     let dq = be.alloc(&[t, qf], dt, false)?;
     let dk = be.alloc(&[t, kf], dt, false)?;
     let dv = be.alloc(&[t, kf], dt, false)?;
-    let tiles = attention_tiles(&cu, BWD_ROWS);
+    let mma = use_mma(dt, hd);
+    let tiles = if mma {
+        mma_tiles(&cu, (sh.n_heads / sh.n_kv_heads) as u32, MMA_ROWS)
+    } else {
+        attention_tiles(&cu, BWD_ROWS)
+    };
     if tiles.is_empty() {
         return Ok((dq, dk, dv));
     }
@@ -253,6 +314,29 @@ pub(crate) fn attention_backward(
         Arg::U(sh.n_kv_heads as u32),
         Arg::F(sh.scale),
     ];
+    if mma {
+        let mut args: Vec<Arg> = common(&dq).to_vec();
+        args.extend_from_slice(&tail);
+        be.launch(
+            &format!("attn_mma_bwd_dq_bf16_hd{hd}"),
+            (n_tiles, sh.n_kv_heads as u32),
+            128,
+            &args,
+        )?;
+        let key_tiles = attention_tiles(&cu, MMA_ROWS);
+        let key_tiles_dev = be.upload_u32(&key_tiles)?;
+        let mut args: Vec<Arg> = common(&dk).to_vec();
+        args.push(Arg::P(be.ptr(&dv)));
+        args.push(Arg::P(be.ptr(&key_tiles_dev)));
+        args.extend_from_slice(&tail[1..]);
+        be.launch(
+            &format!("attn_mma_bwd_dkdv_bf16_hd{hd}"),
+            ((key_tiles.len() / 3) as u32, sh.n_kv_heads as u32),
+            128,
+            &args,
+        )?;
+        return Ok((dq, dk, dv));
+    }
     let mut args: Vec<Arg> = common(&dq).to_vec();
     args.extend_from_slice(&tail);
     be.launch(
@@ -294,5 +378,27 @@ mod tests {
         );
         assert!(!heads_ok(&sh(6, 4)));
         assert!(!heads_ok(&sh(4, 0)));
+    }
+
+    #[test]
+    fn mma_tiles_cover_every_row_and_head_pair_once_longest_first() {
+        let cu = [0u32, 5, 5, 40, 41];
+        let g = 7;
+        let t = mma_tiles(&cu, g, 64);
+        let tiles: Vec<&[u32]> = t.chunks(3).collect();
+        let mut covered = vec![0; 41 * 7];
+        for tl in &tiles {
+            let (s, e, f) = (tl[0], tl[1], tl[2]);
+            assert!(s < e, "{tl:?}: an empty sequence has no block");
+            for m in f..(f + 64).min((e - s) * g) {
+                covered[(s * g + m) as usize] += 1;
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1), "{covered:?}");
+        // 5 rows x 7 = 35 pairs: one block; 35 x 7 = 245: four; 1 x 7: one.
+        assert_eq!(tiles.len(), 6);
+        let last_row = |tl: &[u32]| ((tl[2] + 64).min((tl[1] - tl[0]) * g) - 1) / g;
+        assert!(tiles.windows(2).all(|w| last_row(w[0]) >= last_row(w[1])));
+        assert_eq!(tiles[0], &[5, 40, 192]);
     }
 }

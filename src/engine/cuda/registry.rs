@@ -89,6 +89,12 @@ pub fn launched_kernels() -> Vec<String> {
         "gemm_f32_f32",
         "gemm_bf16_bf16",
         "gemm_bf16_f32",
+        "attn_mma_fwd_bf16_hd64",
+        "attn_mma_fwd_bf16_hd128",
+        "attn_mma_bwd_dq_bf16_hd64",
+        "attn_mma_bwd_dq_bf16_hd128",
+        "attn_mma_bwd_dkdv_bf16_hd64",
+        "attn_mma_bwd_dkdv_bf16_hd128",
     ]
     .iter()
     .map(|s| s.to_string())
