@@ -10,7 +10,8 @@
 #                                nvidia-cuda-nvrtc wheels) and puts them on LD_LIBRARY_PATH, then
 #                                runs, each step with its own time limit and all of them within
 #                                GPU_CHECK_BUDGET seconds (default 500; later steps are skipped):
-#                                doctor; selftest --device cuda; `sorft bench kernels` alternating
+#                                doctor; selftest --device cuda; selftest --attention full (the
+#                                tensor-core attention); `sorft bench kernels` alternating
 #                                with PyTorch at the same shapes (scripts/bench_kernels_torch.py);
 #                                repro --quick --device cuda; a Qwen2.5-Coder-7B-shaped model with
 #                                random bf16 weights (bench model --random-config); the selftest
@@ -58,9 +59,9 @@ run)
     mkdir -p "$out"
     work="$(mktemp -d /tmp/gpu-check.XXXXXX)"
     [[ -x "$bin" ]] || { echo "gpu-check: $bin not found (run 'scripts/gpu-check.sh build' first)" >&2; exit 1; }
-    # What to run: GPU_CHECK_STEPS, a comma list of doctor,selftest,bench,repro,big,builtin,memcheck,model
+    # What to run: GPU_CHECK_STEPS, a comma list of doctor,selftest,attn,bench,repro,big,builtin,memcheck,model
     # (default: all). GPU_CHECK_BUDGET (s, default 500) skips the steps that would start after it.
-    steps=",${GPU_CHECK_STEPS:-doctor,selftest,bench,repro,big,builtin,memcheck,model},"
+    steps=",${GPU_CHECK_STEPS:-doctor,selftest,attn,bench,repro,big,builtin,memcheck,model},"
     budget="${GPU_CHECK_BUDGET:-500}"
     t0=$SECONDS
     # cuBLAS and NVRTC from the wheels in the image's Python (nvidia/cublas/lib,
@@ -99,6 +100,9 @@ PY
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv >>"$work/summary.txt" 2>&1 || true
     step doctor 60 "$bin" doctor
     step selftest 200 "$bin" selftest --device cuda
+    # The tensor-core attention against the CPU backend at realistic shapes (hd 128, 28/4 heads,
+    # long packed sequences, logits to about +-25).
+    step attn 150 "$bin" selftest --device cuda --attention full
     # Kernel timings beside PyTorch at the same shapes, the two sides alternating.
     step bench 240 python3 "$ROOT/scripts/bench_kernels_torch.py" --sorft "$bin" --rounds 2
     # The whole loop on the GPU (its CPU twin comes later, in repro-cpu).
