@@ -23,12 +23,13 @@ use sorft::train::params::model_params;
 fn cfg(alg: Algorithm) -> RlConfig {
     RlConfig {
         algorithm: alg,
-        steps: 3,
+        steps: 2,
         prompts_per_step: 2,
-        group_size: 3,
-        minibatch: 3,
+        group_size: 2,
+        minibatch: 4,
+        ppo_epochs: 1,
         lr: 2e-2,
-        max_new_tokens: 10,
+        max_new_tokens: 6,
         entropy_coef: 0.01,
         save_every: 0,
         seed: 5,
@@ -77,7 +78,7 @@ fn lora_steps_change_only_adapters_and_the_reference_is_the_base_model_exactly()
         let mut tr = RlTrainer::new(&base, &tok, &items, cfg(alg)).unwrap();
         let a0 = adapters(tr.lora.as_ref().unwrap());
         let mut kls = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..2 {
             let m = tr.step_adapters_off(&mut base, &tok, &items).unwrap();
             assert!(m.kl.is_finite() && m.reward_mean.is_finite());
             kls.push(m.kl);
@@ -132,13 +133,7 @@ fn a_lora_run_holds_one_copy_resumes_bitwise_and_exports_a_peft_adapter() {
     let items = train_util::rl_items(data.path());
     let mdir = tiny(2);
     let out = tempfile::tempdir().unwrap();
-    let c = RlConfig {
-        algorithm: Algorithm::Ppo,
-        group_size: 2,
-        minibatch: 2,
-        max_new_tokens: 8,
-        ..cfg(Algorithm::Ppo)
-    };
+    let c = cfg(Algorithm::Ppo);
     let never = AtomicBool::new(false);
     let a = run_rl(
         &Cpu,
@@ -399,7 +394,7 @@ fn rollouts_see_the_lora_policy_and_a_planted_mismatch_is_caught() {
     };
     let mut tr = RlTrainer::new(&base, &tok, &items, c).unwrap();
     let mut maxes = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..2 {
         let m = tr.step_adapters_off(&mut base, &tok, &items).unwrap();
         if m.trained_sequences > 0 {
             maxes.push(
