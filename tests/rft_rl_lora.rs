@@ -425,3 +425,77 @@ fn rollouts_see_the_lora_policy_and_a_planted_mismatch_is_caught() {
     let m = auto.step_adapters_off(&mut base, &tok, &items).unwrap();
     assert_eq!(m.rollout_probs_diff_max, None);
 }
+
+/// Step time and weight memory of full vs LoRA RL on the small preset, alternating in one
+/// process (a measurement, not a check): `cargo test --test rft_rl_lora -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn measure_full_vs_lora_steps_on_the_small_preset() {
+    let data = tempfile::tempdir().unwrap();
+    let items = train_util::rl_items(data.path());
+    let mdir = tempfile::tempdir().unwrap();
+    init_model(
+        Preset::Small,
+        mdir.path(),
+        1,
+        &[EMBEDDED_CORPUS.to_string()],
+    )
+    .unwrap();
+    let c = RlConfig {
+        steps: 100,
+        prompts_per_step: 2,
+        group_size: 4,
+        minibatch: 8,
+        ppo_epochs: 1,
+        max_new_tokens: 32,
+        entropy_coef: 0.01,
+        seed: 1,
+        ..Default::default()
+    };
+    let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
+    let tok = tok.unwrap();
+    sorft::train::sft::own_weights(&mut policy).unwrap();
+    let (reference, _) = load_dir(&Cpu, mdir.path()).unwrap();
+    let (mut base, _) = load_dir(&Cpu, mdir.path()).unwrap();
+    let mut full = RlTrainer::new(&policy, &tok, &items, c.clone()).unwrap();
+    let mut lora = RlTrainer::new(&base, &tok, &items, RlConfig { lora: 8, ..c }).unwrap();
+    let bytes = |m: &Model<Cpu>| -> u64 {
+        model_params(m)
+            .iter()
+            .map(|(_, t)| (t.numel() * t.dtype().size()) as u64)
+            .sum()
+    };
+    let ad: u64 = lora
+        .lora
+        .as_ref()
+        .unwrap()
+        .params()
+        .iter()
+        .map(|(_, t)| 4 * t.numel() as u64)
+        .sum();
+    println!(
+        "weights: full {} B (policy + reference), lora {} B (base + adapters)",
+        2 * bytes(&policy),
+        bytes(&base) + ad
+    );
+    let (mut tf, mut tl) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let m = full.step(&mut policy, &reference, &tok, &items).unwrap();
+        println!(
+            "round {round} full: rollout {:.2}s train {:.2}s tok/s {:.0}",
+            m.time_rollout, m.time_train, m.rollout_tokens_per_s
+        );
+        tf.push(m.time_rollout + m.time_train);
+        let m = lora.step_adapters_off(&mut base, &tok, &items).unwrap();
+        println!(
+            "round {round} lora: rollout {:.2}s train {:.2}s tok/s {:.0}",
+            m.time_rollout, m.time_train, m.rollout_tokens_per_s
+        );
+        tl.push(m.time_rollout + m.time_train);
+    }
+    println!(
+        "mean step: full {:.2}s lora {:.2}s",
+        tf.iter().sum::<f64>() / 3.0,
+        tl.iter().sum::<f64>() / 3.0
+    );
+}
