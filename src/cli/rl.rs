@@ -10,6 +10,7 @@ use clap::Args;
 use sorft::engine::device::DeviceInfo;
 use sorft::engine::Backend;
 use sorft::pipeline::augment::renamed_items;
+use sorft::rft::mismatch::Rescore;
 use sorft::rft::rl::{Algorithm, RlConfig};
 use sorft::rft::rl_run::{load_items, run_rl, RlRun};
 use sorft::swe::instance::read_jsonl;
@@ -64,6 +65,21 @@ pub struct RlArgs {
     /// Resume from the newest good checkpoint in --out (a fresh run when there is none).
     #[arg(long)]
     pub resume: bool,
+    /// Train LoRA adapters of this rank instead of every weight: the reference is then the base
+    /// model with the adapters off (one copy of the weights); the adapter is exported to
+    /// OUT/adapter (PEFT).
+    #[arg(long)]
+    pub lora: Option<usize>,
+    /// LoRA alpha (the update is scaled by alpha / rank).
+    #[arg(long, default_value_t = 16.0)]
+    pub lora_alpha: f32,
+    /// Re-score the sampler's log-probabilities with the training forward: auto (on a GPU), on
+    /// or off.
+    #[arg(long, default_value = "auto")]
+    pub rescore: String,
+    /// Cap of the truncated importance weights when re-scoring.
+    #[arg(long, default_value_t = 2.0)]
+    pub tis_cap: f32,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -98,12 +114,21 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
         save_every: a.save_every,
         seed: a.seed,
         prompt_renames: a.prompt_renames,
+        lora: match a.lora {
+            Some(0) => anyhow::bail!(
+                "--lora 0: the rank must be at least 1 (omit --lora for full fine-tuning)"
+            ),
+            r => r.unwrap_or(0),
+        },
+        lora_alpha: a.lora_alpha,
+        rescore: Rescore::parse(&a.rescore).map_err(|e| anyhow::anyhow!("--{e}"))?,
+        tis_cap: a.tis_cap,
         ..RlConfig::default()
     };
     if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {
         // Stop before loading anything when the step cannot fit.
         let input = sorft::model::plan::PlanInput {
-            lora_rank: 0,
+            lora_rank: cfg.lora,
             seq: cfg.max_prompt_tokens + cfg.max_new_tokens,
             rollout_seqs: cfg.rollout_batch,
             train_seqs: cfg.minibatch,

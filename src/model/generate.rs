@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::engine::sampling::Sampled;
 use crate::engine::{Backend, HostData, SamplingParams, Tensor};
+use crate::model::adapter::Adapters;
 use crate::model::constraint::{sample_masked, token_pieces, TokenConstraint, TokenSet};
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
@@ -217,6 +218,29 @@ pub fn generate_with_stats<B: Backend>(
     opts: &GenOptions,
     share_prefill: bool,
 ) -> Result<(Vec<GenOutput>, GenStats)> {
+    generate_inner(model, Adapters::off(), tok, reqs, opts, share_prefill)
+}
+
+/// [`generate`] from `model` with LoRA adapters applied in every forward (no merge into the
+/// base weights): the LoRA policy's own rollouts.
+pub fn generate_adapted<B: Backend>(
+    model: &Model<B>,
+    ad: Adapters<'_, B>,
+    tok: Option<&Tokenizer>,
+    reqs: &[GenRequest],
+    opts: &GenOptions,
+) -> Result<Vec<GenOutput>> {
+    Ok(generate_inner(model, ad, tok, reqs, opts, true)?.0)
+}
+
+fn generate_inner<B: Backend>(
+    model: &Model<B>,
+    ad: Adapters<'_, B>,
+    tok: Option<&Tokenizer>,
+    reqs: &[GenRequest],
+    opts: &GenOptions,
+    share_prefill: bool,
+) -> Result<(Vec<GenOutput>, GenStats)> {
     validate(model, tok, reqs)?;
     let mut outputs: Vec<Option<GenOutput>> = vec![None; reqs.len()];
     let mut stats = GenStats::default();
@@ -294,7 +318,7 @@ pub fn generate_with_stats<B: Backend>(
                         let sl = vec![slot as u32; n];
                         let pos: Vec<u32> = (0..n as u32).collect();
                         stats.prefill_tokens += n;
-                        Arc::new(model.forward(
+                        Arc::new(model.forward_adapted(
                             &mut cache,
                             &Step {
                                 ids: &r.prompt,
@@ -302,6 +326,7 @@ pub fn generate_with_stats<B: Backend>(
                                 positions: &pos,
                                 logit_rows: &[n as u32 - 1],
                             },
+                            ad,
                         )?)
                     }
                 };
@@ -354,7 +379,7 @@ pub fn generate_with_stats<B: Backend>(
             }
         }
         let rows: Vec<u32> = (0..active.len() as u32).collect();
-        let logits = model.forward(
+        let logits = model.forward_adapted(
             &mut cache,
             &Step {
                 ids: &ids,
@@ -362,6 +387,7 @@ pub fn generate_with_stats<B: Backend>(
                 positions: &pos,
                 logit_rows: &rows,
             },
+            ad,
         )?;
         let mut sampled = model.backend.sample(&logits, &params, &counters)?;
         let rows_done: Vec<(&GenRequest, &[u32])> = active

@@ -2,6 +2,7 @@
 //! forward with a KV cache, batched generation, the tokenizer with the model's own chat
 //! template and stop tokens, and the embedded default model.
 
+pub mod adapter;
 pub mod chat;
 pub mod config;
 pub mod constraint;

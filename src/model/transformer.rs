@@ -4,10 +4,12 @@ use std::path::Path;
 
 use crate::engine::backend::AttentionShape;
 use crate::engine::{Backend, HostData, Tensor};
+use crate::model::adapter::Adapters;
 use crate::model::config::ModelConfig;
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
 use crate::model::weights::WeightFiles;
+use crate::train::lora::LoraTarget as T;
 
 /// Weights of one transformer block.
 pub struct Block<B: Backend> {
@@ -202,6 +204,17 @@ impl<B: Backend> Model<B> {
     /// Runs one step through the model, writing keys and values into `cache`; returns the logits
     /// `[logit_rows.len(), vocab]`.
     pub fn forward(&self, cache: &mut KvCache<B>, s: &Step<'_>) -> Result<Tensor<B>> {
+        self.forward_adapted(cache, s, Adapters::off())
+    }
+
+    /// [`Model::forward`] with LoRA adapters applied on the fly (the base weights untouched);
+    /// `Adapters::off()` is the base model.
+    pub fn forward_adapted(
+        &self,
+        cache: &mut KvCache<B>,
+        s: &Step<'_>,
+        ad: Adapters<'_, B>,
+    ) -> Result<Tensor<B>> {
         self.check_step(cache, s)?;
         let b = &self.backend;
         let c = &self.config;
@@ -214,21 +227,21 @@ impl<B: Backend> Model<B> {
         let mut x = b.embedding(&self.embed, &ids)?;
         for (l, blk) in self.blocks.iter().enumerate() {
             let h = b.rms_norm(&x, &blk.input_norm, c.rms_norm_eps)?;
-            let mut q = b.linear(&h, &blk.q, blk.q_bias.as_ref())?;
-            let mut k = b.linear(&h, &blk.k, blk.k_bias.as_ref())?;
-            let v = b.linear(&h, &blk.v, blk.v_bias.as_ref())?;
+            let mut q = ad.linear(b, &h, &blk.q, blk.q_bias.as_ref(), l, T::Q)?;
+            let mut k = ad.linear(b, &h, &blk.k, blk.k_bias.as_ref(), l, T::K)?;
+            let v = ad.linear(b, &h, &blk.v, blk.v_bias.as_ref(), l, T::V)?;
             b.rope(&mut q, &pos, c.head_dim, c.rope_theta)?;
             b.rope(&mut k, &pos, c.head_dim, c.rope_theta)?;
             b.kv_write(&mut cache.k[l], &k, &slots, &pos)?;
             b.kv_write(&mut cache.v[l], &v, &slots, &pos)?;
             let a = b.attention(&q, &cache.k[l], &cache.v[l], &slots, &pos, shape)?;
-            let o = b.linear(&a, &blk.o, blk.o_bias.as_ref())?;
+            let o = ad.linear(b, &a, &blk.o, blk.o_bias.as_ref(), l, T::O)?;
             b.add_assign(&mut x, &o)?;
             let h = b.rms_norm(&x, &blk.post_norm, c.rms_norm_eps)?;
-            let g = b.linear(&h, &blk.gate, None)?;
-            let u = b.linear(&h, &blk.up, None)?;
+            let g = ad.linear(b, &h, &blk.gate, None, l, T::Gate)?;
+            let u = ad.linear(b, &h, &blk.up, None, l, T::Up)?;
             let m = b.swiglu(&g, &u)?;
-            let dn = b.linear(&m, &blk.down, None)?;
+            let dn = ad.linear(b, &m, &blk.down, None, l, T::Down)?;
             b.add_assign(&mut x, &dn)?;
         }
         let last = b.gather_rows(&x, &rows)?;

@@ -325,6 +325,27 @@ mod tests {
     }
 
     #[test]
+    fn stage2_lora_and_rescore_read_from_toml_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[stage2]\nlora = 8\nlora_alpha = 32.0\nrescore = \"on\"\ntis_cap = 3.0\n",
+        )
+        .unwrap();
+        let c = ReproConfig::load(false, Some(&p), &[]).unwrap();
+        assert_eq!((c.stage2.lora, c.stage2.lora_alpha), (8, 32.0));
+        assert_eq!(c.stage2.rescore, crate::rft::mismatch::Rescore::On);
+        assert_eq!(c.stage2.tis_cap, 3.0);
+        let d = ReproConfig::default();
+        assert_eq!((d.stage2.lora, d.stage2.tis_cap), (0, 2.0));
+        assert_eq!(d.stage2.rescore, crate::rft::mismatch::Rescore::Auto);
+        let f = ReproConfig::load(false, None, &["stage2.lora=4".into()]).unwrap();
+        assert_eq!(f.stage2.lora, 4);
+        assert!(ReproConfig::load(false, None, &["stage2.rescore=\"maybe\"".into()]).is_err());
+    }
+
+    #[test]
     fn the_effective_configuration_round_trips_through_toml() {
         let c = ReproConfig::quick();
         let text = c.to_toml();

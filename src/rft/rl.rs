@@ -19,12 +19,14 @@ use serde::{Deserialize, Serialize};
 use crate::engine::backend::IGNORE_TARGET;
 use crate::engine::rng::{random_u64, SplitMix};
 use crate::engine::{Backend, DType, HostData, SamplingParams, Tensor};
+use crate::model::adapter::Adapters;
 use crate::model::chat::{self, Message};
 use crate::model::constraint::TokenSet;
-use crate::model::generate::{generate, GenOptions, GenRequest};
+use crate::model::generate::{generate_adapted, GenOptions, GenRequest};
 use crate::model::{Model, Tokenizer};
 use crate::rft::advantage::{gae, group_advantages, shaped_rewards, whiten};
 use crate::rft::kl::KlEstimator;
+use crate::rft::mismatch::{reconcile, Rescore};
 use crate::rft::monitor::features::{self as health, Health};
 use crate::rft::monitor::inject::Injection;
 use crate::rft::monitor::{MonitorEvent, MonitorMode};
@@ -33,6 +35,7 @@ use crate::swe::reward::ZeroReason;
 use crate::swe::subtask::{EditReward, SubtaskRecord};
 use crate::train::backward::backward;
 use crate::train::forward::{forward, Batch, ForwardOptions, Sequence};
+use crate::train::lora::Lora;
 use crate::train::optim::{AdamW, OptimConfig};
 use crate::train::params::{model_params, model_params_mut, Grads};
 
@@ -130,6 +133,17 @@ pub struct RlConfig {
     pub prompt_renames: usize,
     /// The RFT-FM monitor: off, detect (events in metrics and report) or remediate.
     pub monitor: MonitorMode,
+    /// LoRA rank of the policy (0: full fine-tuning). With LoRA the policy is the base model plus
+    /// fp32 adapters and the reference is the same base weights with the adapters off
+    /// ([`crate::rft::rl_lora`]).
+    pub lora: usize,
+    /// LoRA alpha: the adapter update is scaled by `lora_alpha / lora`.
+    pub lora_alpha: f32,
+    /// Re-score the sampler's log-probabilities with the training forward: auto (on a GPU),
+    /// on or off ([`crate::rft::mismatch`]).
+    pub rescore: Rescore,
+    /// With re-scoring: the cap of the truncated importance weights `pi_train / pi_sampler`.
+    pub tis_cap: f32,
 }
 
 impl Default for RlConfig {
@@ -168,6 +182,10 @@ impl Default for RlConfig {
             renormalise: true,
             prompt_renames: 0,
             monitor: MonitorMode::Detect,
+            lora: 0,
+            lora_alpha: 16.0,
+            rescore: Rescore::Auto,
+            tis_cap: 2.0,
         }
     }
 }
@@ -225,6 +243,12 @@ pub struct RlMetrics {
     pub trained_sequences: usize,
     /// Health features of the step (RFT-FM).
     pub health: Health,
+    /// Mean `|p_sampler - p_trainer|` of the sampled tokens, when re-scored or PPO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_probs_diff_mean: Option<f64>,
+    /// Largest `|p_sampler - p_trainer|` of the step's sampled tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_probs_diff_max: Option<f64>,
     /// Monitor events of the step (detections, diagnoses, actions, outcomes).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub monitor: Vec<MonitorEvent>,
@@ -273,10 +297,56 @@ fn pack_restricted(
 /// One vector of per-token values for each sequence.
 type PerSeq = Vec<Vec<f32>>;
 
+/// The sampler's log-probabilities of the trained (not forced) tokens of the `live` rollouts:
+/// the policy's own at the rollout temperature, minus the allowed set's log-mass on restricted
+/// tokens (the renormalised distribution they were drawn from).
+fn sampler_logprobs(
+    outs: &[crate::model::generate::GenOutput],
+    rolls: &[Rollout],
+    live: &[usize],
+) -> PerSeq {
+    live.iter()
+        .map(|&i| {
+            outs[i]
+                .logprobs
+                .iter()
+                .enumerate()
+                .filter(|&(t, _)| !outs[i].forced.get(t).copied().unwrap_or(false))
+                .map(|(t, &lp)| {
+                    if rolls[i].restrict.1.get(t).is_some_and(Option::is_some) {
+                        lp - outs[i].allowed_logmass[t]
+                    } else {
+                        lp
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Errors when a rollout's sampled log-probabilities do not cover its trained tokens.
+fn check_sampled(own: &PerSeq, rolls: &[Rollout], live: &[usize]) -> anyhow::Result<()> {
+    for (o, &i) in own.iter().zip(live) {
+        let trained = rolls[i].seq.mask.iter().filter(|&&m| m == 1).count();
+        anyhow::ensure!(
+            o.len() == trained,
+            "rollout {i}: {} sampled log-probabilities for {trained} trained tokens",
+            o.len()
+        );
+    }
+    Ok(())
+}
+
+/// Whether two per-sequence vectors have the same lengths.
+fn same_shape(a: &PerSeq, b: &PerSeq) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.len() == y.len())
+}
+
 /// Per-token log-probabilities of the response tokens of each sequence (training forward, no
 /// gradient kept), plus the final hidden states' values when a value head is given.
 fn response_logprobs<B: Backend>(
     model: &Model<B>,
+    lora: Option<&Lora<B>>,
     seqs: &[&Sequence],
     restrict: &[&(usize, Vec<Option<TokenSet>>)],
     chunk: usize,
@@ -291,7 +361,7 @@ fn response_logprobs<B: Backend>(
     let mut vals = Vec::with_capacity(seqs.len());
     for (group, rs) in seqs.chunks(chunk.max(1)).zip(restrict.chunks(chunk.max(1))) {
         let batch = pack_restricted(group, rs)?;
-        let fwd = forward(model, None, &batch, opts)?;
+        let fwd = forward(model, lora, &batch, opts)?;
         let logp = model.backend.to_host_f32(&fwd.logp)?;
         let values = match value_head {
             Some((w, b)) => {
@@ -372,6 +442,8 @@ pub struct RlTrainer<B: Backend> {
     /// The settings as configured: what checkpoints record and resumes compare (the monitor's
     /// changes to `cfg` are saved apart, see [`crate::rft::monitor::overrides`]).
     pub base_cfg: RlConfig,
+    /// The LoRA adapters being trained (`cfg.lora > 0`); the base model stays frozen.
+    pub lora: Option<Lora<B>>,
 }
 
 /// One rollout of a step, as written to `rollouts.jsonl`.
@@ -403,6 +475,11 @@ impl<B: Backend> RlTrainer<B> {
             "stage2.temperature must be positive (rollouts are sampled), got {}",
             cfg.temperature
         );
+        anyhow::ensure!(
+            cfg.tis_cap.is_finite() && cfg.tis_cap > 0.0,
+            "stage2.tis_cap must be positive, got {}",
+            cfg.tis_cap
+        );
         let prompts = encode_prompts(tok, items, cfg.max_prompt_tokens)?;
         if prompts.is_empty() {
             anyhow::bail!(
@@ -418,7 +495,11 @@ impl<B: Backend> RlTrainer<B> {
             min_lr_ratio: 1.0,
             ..Default::default()
         };
-        let opt = AdamW::new(be, ocfg, &model_params(policy))?;
+        let lora = crate::rft::rl_lora::new_adapters(policy, &cfg)?;
+        let opt = match &lora {
+            Some(l) => AdamW::new(be, ocfg, &l.params())?,
+            None => AdamW::new(be, ocfg, &model_params(policy))?,
+        };
         let (value_head, value_opt) = if cfg.algorithm == Algorithm::Ppo {
             let d = policy.config.hidden_size;
             let w = be.zeros(&[1, d], DType::F32)?;
@@ -454,24 +535,50 @@ impl<B: Backend> RlTrainer<B> {
             last_chosen: Vec::new(),
             quarantined: Default::default(),
             fault: None,
+            lora,
         })
     }
 
     /// Fresh optimizer moments (after the monitor rolled the policy back).
     pub fn reset_optimizer(&mut self, policy: &Model<B>) -> anyhow::Result<()> {
-        self.opt = AdamW::new(
-            &policy.backend,
-            self.opt.config.clone(),
-            &model_params(policy),
-        )?;
+        let params = match &self.lora {
+            Some(l) => l.params(),
+            None => model_params(policy),
+        };
+        self.opt = AdamW::new(&policy.backend, self.opt.config.clone(), &params)?;
         Ok(())
     }
 
-    /// One rollout + update step.
+    /// One rollout + update step against a separate reference model.
     pub fn step(
         &mut self,
         policy: &mut Model<B>,
         reference: &Model<B>,
+        tok: &Tokenizer,
+        items: &[RlItem],
+    ) -> anyhow::Result<RlMetrics> {
+        self.step_impl(policy, Some(reference), tok, items)
+    }
+
+    /// One LoRA rollout + update step whose reference is `base` with the adapters switched off
+    /// (no second copy of the weights). Errors without LoRA adapters.
+    pub fn step_adapters_off(
+        &mut self,
+        base: &mut Model<B>,
+        tok: &Tokenizer,
+        items: &[RlItem],
+    ) -> anyhow::Result<RlMetrics> {
+        anyhow::ensure!(
+            self.lora.is_some(),
+            "the adapters-off reference needs LoRA (stage2.lora > 0)"
+        );
+        self.step_impl(base, None, tok, items)
+    }
+
+    fn step_impl(
+        &mut self,
+        policy: &mut Model<B>,
+        reference: Option<&Model<B>>,
         tok: &Tokenizer,
         items: &[RlItem],
     ) -> anyhow::Result<RlMetrics> {
@@ -535,8 +642,9 @@ impl<B: Backend> RlTrainer<B> {
                 });
             }
         }
-        let mut outs = generate(
+        let mut outs = generate_adapted(
             policy,
+            Adapters::new(self.lora.as_ref()),
             Some(tok),
             &reqs,
             &GenOptions {
@@ -651,54 +759,50 @@ impl<B: Backend> RlTrainer<B> {
         let seqs: Vec<&Sequence> = live.iter().map(|&i| &rolls[i].seq).collect();
         let restrict: Vec<&(usize, Vec<Option<TokenSet>>)> =
             live.iter().map(|&i| &rolls[i].restrict).collect();
-        // The sampler's log-probabilities are the policy's own at the rollout temperature (the
-        // same forward up to rounding); minus the allowed set's log-mass on the restricted
-        // tokens, they are what the training forward computes: no second pass is needed.
+        // The sampler's log-probabilities are the policy's own at the rollout temperature (on
+        // the CPU the same kernels as the training forward); minus the allowed set's log-mass on
+        // the restricted tokens, they are what the training forward computes. Where they are not
+        // (a GPU, or `rescore = on`), the training forward re-scores them (and PPO's critic
+        // needs that pass anyway): see [`crate::rft::mismatch`].
         let fopts = ForwardOptions {
             temperature: cfg.temperature,
             ..ForwardOptions::default()
         };
-        let (mut old, old_values) = if self.value_head.is_none() {
-            let own = live
-                .iter()
-                .map(|&i| {
-                    outs[i]
-                        .logprobs
-                        .iter()
-                        .enumerate()
-                        .filter(|&(t, _)| !outs[i].forced.get(t).copied().unwrap_or(false))
-                        .map(|(t, &lp)| {
-                            // The renormalised distribution's log-probability.
-                            if rolls[i].restrict.1.get(t).is_some_and(Option::is_some) {
-                                lp - outs[i].allowed_logmass[t]
-                            } else {
-                                lp
-                            }
-                        })
-                        .collect()
-                })
-                .collect::<Vec<Vec<f32>>>();
-            for (o, &i) in own.iter().zip(&live) {
-                let trained = rolls[i].seq.mask.iter().filter(|&&m| m == 1).count();
-                anyhow::ensure!(
-                    o.len() == trained,
-                    "rollout {i}: {} sampled log-probabilities for {trained} trained tokens",
-                    o.len()
-                );
-            }
-            (own, vec![Vec::new(); live.len()])
-        } else {
-            response_logprobs(
+        let own = sampler_logprobs(&outs, &rolls, &live);
+        let rescore = cfg.rescore.enabled(&be.name());
+        let (trainer_lp, old_values) = if self.value_head.is_some() || rescore {
+            let (lp, v) = response_logprobs(
                 policy,
+                self.lora.as_ref(),
                 &seqs,
                 &restrict,
                 cfg.minibatch,
                 self.value_head.as_ref(),
                 cfg.temperature,
-            )?
+            )?;
+            (Some(lp), v)
+        } else {
+            (None, vec![Vec::new(); live.len()])
         };
+        let rec = match trainer_lp {
+            None => {
+                check_sampled(&own, &rolls, &live)?;
+                reconcile(own, None, cfg.tis_cap)
+            }
+            // PPO without re-scoring: the trainer's numbers, as always (no comparison).
+            Some(t) if !rescore && !same_shape(&own, &t) => reconcile(t, None, cfg.tis_cap),
+            t => reconcile(own, t, cfg.tis_cap),
+        }
+        .map_err(anyhow::Error::msg)?;
+        if let Some(d) = rec.diff {
+            (m.rollout_probs_diff_mean, m.rollout_probs_diff_max) = (Some(d.mean), Some(d.max));
+        }
+        let tis = rescore.then_some(rec.weights);
+        let mut old = rec.old;
+        // The reference: a separate model, or the policy's base weights with the adapters off.
         let (refl, _) = response_logprobs(
-            reference,
+            reference.unwrap_or(policy),
+            None,
             &seqs,
             &restrict,
             cfg.minibatch,
@@ -776,7 +880,7 @@ impl<B: Backend> RlTrainer<B> {
             },
             kl_estimator: cfg.kl_estimator,
         };
-        let mut grads = Grads::new(policy, None)?;
+        let mut grads = Grads::new(policy, self.lora.as_ref())?;
         let (mut ent_sum, mut ent_n, mut clip_sum, mut akl_sum, mut gn_sum, mut nmb) =
             (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
         let (mut vl_sum, mut ev_sum) = (0.0, 0.0);
@@ -790,7 +894,7 @@ impl<B: Backend> RlTrainer<B> {
                 let mb_seqs: Vec<&Sequence> = mb.iter().map(|&i| seqs[i]).collect();
                 let mb_restrict: Vec<_> = mb.iter().map(|&i| restrict[i]).collect();
                 let batch = pack_restricted(&mb_seqs, &mb_restrict)?;
-                let fwd = forward(policy, None, &batch, fopts)?;
+                let fwd = forward(policy, self.lora.as_ref(), &batch, fopts)?;
                 let logp_rows = be.to_host_f32(&fwd.logp)?;
                 let mut ent_rows = be.to_host_f32(&fwd.entropy)?;
                 // Restricted rows were sampled from the renormalised distribution: log its entropy.
@@ -811,7 +915,12 @@ impl<B: Backend> RlTrainer<B> {
                 let new_lp: Vec<f32> = rows.iter().map(|&r| logp_rows[r]).collect();
                 let old_lp: Vec<f32> = mb.iter().flat_map(|&i| old[i].iter().copied()).collect();
                 let ref_lp: Vec<f32> = mb.iter().flat_map(|&i| refl[i].iter().copied()).collect();
-                let a: Vec<f32> = mb.iter().flat_map(|&i| adv[i].iter().copied()).collect();
+                let mut a: Vec<f32> = mb.iter().flat_map(|&i| adv[i].iter().copied()).collect();
+                if let Some(w) = &tis {
+                    // Truncated importance sampling: the sampler, not the old policy, drew them.
+                    let w = mb.iter().flat_map(|&i| w[i].iter().copied());
+                    a.iter_mut().zip(w).for_each(|(x, w)| *x *= w);
+                }
                 let pl = policy_loss(&pcfg, &new_lp, &old_lp, &a, Some(&ref_lp));
                 health::ratio_health(&mut m.health, &new_lp, &old_lp, nmb == 0);
                 let nt = rows.len().max(1);
@@ -863,8 +972,19 @@ impl<B: Backend> RlTrainer<B> {
                 }
                 let g_logp_t = be.upload(HostData::F32(&g_logp), &[batch.len()])?;
                 let g_ent_t = be.upload(HostData::F32(&g_ent), &[batch.len()])?;
-                backward(policy, None, fwd, &g_logp_t, &g_ent_t, &mut grads)?;
-                let st = self.opt.step(&be, model_params_mut(policy), &mut grads)?;
+                backward(
+                    policy,
+                    self.lora.as_ref(),
+                    fwd,
+                    &g_logp_t,
+                    &g_ent_t,
+                    &mut grads,
+                )?;
+                let params = match self.lora.as_mut() {
+                    Some(l) => l.params_mut(),
+                    None => model_params_mut(policy),
+                };
+                let st = self.opt.step(&be, params, &mut grads)?;
                 grads.zero(&be)?;
                 gn_sum += st.grad_norm;
                 m.health.lr = st.lr as f64;
@@ -993,10 +1113,20 @@ impl<B: Backend> RlTrainer<B> {
         for (f, bytes) in side_files(model_src)? {
             w.add_bytes(&f, &bytes)?;
         }
-        w.add_safetensors(
-            "model.safetensors",
-            stream_tensors(be, model_params(policy), ""),
-        )?;
+        match &self.lora {
+            // LoRA: the adapters only (the base model is the reference directory itself).
+            Some(l) => crate::rft::rl_lora::add_to_checkpoint(
+                &mut w,
+                be,
+                l,
+                root,
+                &reference.to_string_lossy(),
+            )?,
+            None => w.add_safetensors(
+                "model.safetensors",
+                stream_tensors(be, model_params(policy), ""),
+            )?,
+        }
         w.add_safetensors("optimizer.safetensors", self.opt.state_stream(be))?;
         let mut value_opt_step = 0;
         if let (Some((vw, vb)), Some(vo)) = (&self.value_head, &self.value_opt) {
@@ -1027,13 +1157,15 @@ impl<B: Backend> RlTrainer<B> {
     }
 
     /// Restores the trainer from checkpoint `dir` (verified against its manifest) and returns the
-    /// policy saved there. The checkpoint must come from the same settings and reference.
+    /// policy saved there (`None` for LoRA: the adapters are restored into the trainer and the
+    /// policy stays the base model). The checkpoint must come from the same settings and
+    /// reference.
     pub fn resume(
         &mut self,
         dir: &std::path::Path,
         reference: &std::path::Path,
         backend: &B,
-    ) -> anyhow::Result<Model<B>> {
+    ) -> anyhow::Result<Option<Model<B>>> {
         use crate::train::checkpoint::{read_f32_tensors, verify};
         verify(dir)?;
         let sp = dir.join("rl_state.json");
@@ -1061,7 +1193,14 @@ impl<B: Backend> RlTrainer<B> {
                 reference.display()
             );
         }
-        let policy = Model::load(backend, dir)?;
+        let policy = match &mut self.lora {
+            Some(l) => {
+                let mc = crate::model::ModelConfig::from_file(&dir.join("config.json"))?;
+                *l = Lora::load_peft(backend, dir, &mc)?;
+                None
+            }
+            None => Some(Model::load(backend, dir)?),
+        };
         self.opt
             .load_state(backend, &dir.join("optimizer.safetensors"))?;
         self.opt.step = st.opt_step;

@@ -1,7 +1,9 @@
 //! A whole stage-2 run on disk: policy and reference from a model directory, steps with metrics
 //! appended to `OUT/metrics.jsonl` (every rollout's response and reward to `OUT/rollouts.jsonl`), checkpoints under `OUT/checkpoints/` every `save_every` steps
 //! (and when stopped), exact resume from the newest good one, and the final policy exported to
-//! `OUT/final/` as a model directory.
+//! `OUT/final/` as a model directory. With `lora > 0` the model directory is loaded once: the
+//! policy is it plus adapters and the reference is it with the adapters off; the adapter is also
+//! exported to `OUT/adapter/` (PEFT).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,6 +40,9 @@ pub struct RlOutcome {
     pub final_dir: Option<PathBuf>,
     /// The step the run resumed from (0 for a fresh run).
     pub resumed_from: usize,
+    /// Bytes of the weights the run held: policy and reference (a second copy) for full
+    /// fine-tuning; one base model plus the adapters for LoRA.
+    pub weight_bytes: u64,
 }
 
 /// Metrics lines of steps up to `step`, parsed back (lines of a run killed later are dropped).
@@ -86,19 +91,28 @@ pub fn run_rl_with_fault<B: Backend>(
     let metrics_path = run.out.join("metrics.jsonl");
     let (mut policy, tok) = load_dir(be, &run.model)?;
     let tok = tok.with_context(|| format!("{}: no tokenizer.json", run.model.display()))?;
-    // The policy is trained in place: its weights become owned memory (their map's pages
-    // released); the reference stays a read-only map of the same file.
-    crate::train::sft::own_weights(&mut policy)?;
-    let (reference, _) = load_dir(be, &run.model)?;
+    crate::rft::rl_lora::check(cfg, &policy.config)?;
+    // Full fine-tuning: the policy is trained in place (its weights become owned memory, their
+    // map's pages released) and the reference is a read-only map of the same file. LoRA: the
+    // base stays frozen and is its own reference with the adapters off.
+    let reference = if cfg.lora > 0 {
+        None
+    } else {
+        crate::train::sft::own_weights(&mut policy)?;
+        Some(load_dir(be, &run.model)?.0)
+    };
     let mut trainer = RlTrainer::new(&policy, &tok, items, cfg.clone())?;
     trainer.fault = fault;
+    let weight_bytes = held_weight_bytes(&policy, reference.as_ref(), &trainer);
     let existing = checkpoint::list(&root)?;
     let mut history = Vec::new();
     let mut resumed_dir = None;
     if run.resume {
         if let (Some(dir), _) = checkpoint::latest_good(&root, false)? {
-            policy = trainer.resume(&dir, &run.model, be)?;
-            crate::train::sft::own_weights(&mut policy)?;
+            if let Some(p) = trainer.resume(&dir, &run.model, be)? {
+                policy = p;
+                crate::train::sft::own_weights(&mut policy)?;
+            }
             history = read_metrics(&metrics_path, trainer.step);
             resumed_dir = Some(dir);
         }
@@ -136,7 +150,10 @@ pub fn run_rl_with_fault<B: Backend>(
         .with_context(|| rollouts_path.display().to_string())?;
     // A run the monitor stopped stays stopped when resumed.
     while trainer.step < cfg.steps && monitor.stopped().is_none() {
-        let mut m = trainer.step(&mut policy, &reference, &tok, items)?;
+        let mut m = match &reference {
+            Some(r) => trainer.step(&mut policy, r, &tok, items)?,
+            None => trainer.step_adapters_off(&mut policy, &tok, items)?,
+        };
         let verdict = monitor.after_step(&mut trainer, &mut policy, &mut m)?;
         for r in &trainer.last_rollouts {
             writeln!(rollouts, "{}", serde_json::to_string(r)?)?;
@@ -159,6 +176,7 @@ pub fn run_rl_with_fault<B: Backend>(
                 metrics,
                 final_dir: None,
                 resumed_from,
+                weight_bytes,
             });
         }
     }
@@ -167,12 +185,39 @@ pub fn run_rl_with_fault<B: Backend>(
         trainer.save_checkpoint_with(&policy, &run.model, &run.model, &root, extra)?;
     }
     let final_dir = run.out.join("final");
-    export_policy(&policy, &run.model, &final_dir)?;
+    match &trainer.lora {
+        Some(l) => crate::rft::rl_lora::export(
+            &mut policy,
+            l,
+            &run.model,
+            &run.out.join("adapter"),
+            &final_dir,
+        )?,
+        None => export_policy(&policy, &run.model, &final_dir)?,
+    }
     Ok(RlOutcome {
         metrics,
         final_dir: Some(final_dir),
         resumed_from,
+        weight_bytes,
     })
+}
+
+/// Bytes of the weights a run holds: the policy, the reference when it is a second model, and
+/// the LoRA adapters.
+fn held_weight_bytes<B: Backend>(
+    policy: &crate::model::Model<B>,
+    reference: Option<&crate::model::Model<B>>,
+    trainer: &RlTrainer<B>,
+) -> u64 {
+    use crate::rft::rl_lora::tensor_bytes;
+    use crate::train::params::model_params;
+    tensor_bytes(&model_params(policy))
+        + reference.map_or(0, |r| tensor_bytes(&model_params(r)))
+        + trainer
+            .lora
+            .as_ref()
+            .map_or(0, |l| tensor_bytes(&l.params()))
 }
 
 /// The `metrics.jsonl` line that opens a (resumed) run: the step it starts from and its device.
