@@ -17,6 +17,10 @@ use sorft::engine::rng::SplitMix;
 use sorft::engine::sampling::{truncated_distribution, SamplingParams};
 use sorft::engine::{Cpu, Cuda, DType, Tensor};
 
+mod gemm;
+mod hotpath;
+mod realistic;
+
 /// Which backend to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -42,6 +46,12 @@ pub struct SelftestArgs {
     /// 512 x 40 over 151,936), for the software GPU of tests/softgpu that runs kernels on the CPU.
     #[arg(long)]
     pub quick: bool,
+    /// The GEMM of the CUDA checks: cuBLAS when loaded (auto), cuBLAS, or the built-in kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub gemm: gemm::GemmChoice,
+    /// Run the realistic-shape cases at full size (T 4,096, vocabulary 151,936).
+    #[arg(long)]
+    pub realistic: bool,
 }
 
 /// Relative tolerance of a dtype (`|got - want| <= tol * (|want| + rms(want))`).
@@ -150,6 +160,7 @@ pub fn run(a: SelftestArgs) -> Result<()> {
                 Ok(g) => g,
                 Err(e) => bail!("no usable GPU, cannot run the CUDA selftest: {e}"),
             };
+            gemm::apply(&gpu, a.gemm)?;
             println!("selftest on {} ({})", gpu.name(), gpu.load_summary());
             for dtype in [DType::F32, DType::BF16] {
                 let be = gpu.with_dtype(dtype)?;
@@ -165,6 +176,8 @@ pub fn run(a: SelftestArgs) -> Result<()> {
             sampling_checks(&be, "cuda", vocab, rows_draws, a.seed, &mut checks)?;
             masked_sampling_checks(&be, "cuda", a.seed, &mut checks)?;
             topk_topp_check(&be, "cuda", a.seed, &mut checks)?;
+            hotpath::checks(&gpu, &mut checks)?;
+            realistic::checks(&gpu, a.realistic, a.seed, &mut checks)?;
             if !a.no_model {
                 model_checks(&gpu, &mut checks)?;
             }
@@ -1198,6 +1211,7 @@ fn model_checks(gpu: &Cuda, c: &mut Checks) -> Result<()> {
     let ids: Vec<u32> = (0..50u32).map(|i| (i * 37 + 11) % vocab).collect();
     let (score, _) = m.score(&ids)?;
     c.close("model log-probs bf16", &score, &cpu.score, 5e-2);
+    hotpath::transfer_checks(gpu, dir.path(), c)?;
     Ok(())
 }
 
@@ -1238,6 +1252,8 @@ mod tests {
             seed: 1,
             no_model: true,
             quick: true,
+            gemm: gemm::GemmChoice::Auto,
+            realistic: false,
         })
         .unwrap_err();
         let msg = e.to_string();

@@ -89,6 +89,7 @@ pub fn launched_kernels() -> Vec<String> {
         "gemm_f32_f32",
         "gemm_bf16_bf16",
         "gemm_bf16_f32",
+        "adamw_master_bf16",
     ]
     .iter()
     .map(|s| s.to_string())
