@@ -73,7 +73,9 @@ fn hot_path_checks_pass_with_the_builtin_gemm_and_transfers_stay_bounded() {
     let Some(lib) = build(None, None) else { return };
     let o = sorft(
         &lib,
-        &["selftest", "--device", "cuda", "--quick", "--gemm", "builtin"],
+        &[
+            "selftest", "--device", "cuda", "--quick", "--gemm", "builtin",
+        ],
         &[],
     );
     let t = text(&o);
@@ -91,7 +93,10 @@ fn hot_path_checks_pass_with_the_builtin_gemm_and_transfers_stay_bounded() {
         "device-to-host transfers per decode step",
         "device-to-host transfers per train step",
     ] {
-        assert!(t.contains(&format!("ok   {check}")), "{check} not passed:\n{t}");
+        assert!(
+            t.contains(&format!("ok   {check}")),
+            "{check} not passed:\n{t}"
+        );
     }
     // Per step, not per layer or per tensor: the tiny model has several layers and dozens of
     // trained tensors.
@@ -107,7 +112,9 @@ fn gemm_cublas_without_cublas_is_a_one_line_error() {
     let Some(lib) = build(None, None) else { return };
     let o = sorft(
         &lib,
-        &["selftest", "--device", "cuda", "--quick", "--gemm", "cublas"],
+        &[
+            "selftest", "--device", "cuda", "--quick", "--gemm", "cublas",
+        ],
         &[],
     );
     let t = text(&o);

@@ -238,6 +238,45 @@ impl<B: Backend> AdamW<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Cpu, HostData};
+
+    #[test]
+    fn the_global_norm_is_one_reduction_equal_to_the_per_tensor_sums() {
+        let a = Cpu.upload(HostData::F32(&[3.0, 4.0]), &[2]).unwrap();
+        let b = Cpu.upload(HostData::F32(&[12.0]), &[1]).unwrap();
+        let all = Cpu.sum_squares_all(&[&a, &b]).unwrap();
+        assert_eq!(all, 169.0);
+        assert_eq!(Cpu.sum_squares_all(&[]).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn f32_weights_need_no_master_and_the_default_master_step_equals_the_plain_one() {
+        let w0 = [1.0f32, -2.0, 0.5];
+        let p = Cpu.upload(HostData::F32(&w0), &[3]).unwrap();
+        assert!(Cpu.master_copy(&p).unwrap().is_none());
+        let opt = AdamW::new(&Cpu, OptimConfig::default(), &[("p".into(), &p)]).unwrap();
+        assert!(opt.master.iter().all(Option::is_none));
+        let hp = AdamWParams {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            step: 1,
+        };
+        let g = Cpu.upload(HostData::F32(&[0.5, -1.0, 2.0]), &[3]).unwrap();
+        let z = || Cpu.zeros(&[3], DType::F32).unwrap();
+        let (mut plain, mut m1, mut v1) = (Cpu.copy(&p).unwrap(), z(), z());
+        Cpu.adamw_step(&mut plain, &g, &mut m1, &mut v1, hp)
+            .unwrap();
+        let (mut param, mut master, mut m2, mut v2) = (z(), Cpu.copy(&p).unwrap(), z(), z());
+        Cpu.adamw_step_master(&mut param, &mut master, &g, &mut m2, &mut v2, hp)
+            .unwrap();
+        let want = Cpu.to_host_f32(&plain).unwrap();
+        assert_eq!(Cpu.to_host_f32(&param).unwrap(), want);
+        assert_eq!(Cpu.to_host_f32(&master).unwrap(), want);
+        assert_ne!(want, w0.to_vec());
+    }
 
     #[test]
     fn schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor() {

@@ -107,7 +107,11 @@ fn empty_batch_checks(g: &Cuda, tag: &str, c: &mut Checks) -> Result<()> {
     };
     let mut shapes = Vec::new();
     shapes.push(g.rms_norm(&x, &w, 1e-6)?.shape().to_vec());
-    shapes.push(g.log_softmax(&g.zeros(&[0, v], g.dtype())?)?.shape().to_vec());
+    shapes.push(
+        g.log_softmax(&g.zeros(&[0, v], g.dtype())?)?
+            .shape()
+            .to_vec(),
+    );
     shapes.push(
         g.rms_norm_backward(&x, &w, &x, 1e-6, Some(&mut dw))?
             .shape()
@@ -130,7 +134,10 @@ fn empty_batch_checks(g: &Cuda, tag: &str, c: &mut Checks) -> Result<()> {
         if pass {
             format!("{} ops", shapes.len())
         } else {
-            format!("shapes {shapes:?}, sampled {}, dweight changed", sampled.len())
+            format!(
+                "shapes {shapes:?}, sampled {}, dweight changed",
+                sampled.len()
+            )
         },
     );
     Ok(())

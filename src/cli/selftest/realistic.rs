@@ -59,7 +59,11 @@ impl Sizes {
 /// Runs the realistic cases in f32 and bf16.
 pub fn checks(gpu: &Cuda, full: bool, seed: u64, c: &mut Checks) -> Result<()> {
     let sizes = Sizes::new(full);
-    let label = if full { "realistic" } else { "realistic (shrunk)" };
+    let label = if full {
+        "realistic"
+    } else {
+        "realistic (shrunk)"
+    };
     for dtype in [DType::F32, DType::BF16] {
         let be = gpu.with_dtype(dtype)?;
         be.set_poison(true);
@@ -72,11 +76,7 @@ pub fn checks(gpu: &Cuda, full: bool, seed: u64, c: &mut Checks) -> Result<()> {
 }
 
 /// The same values on both backends.
-fn both(
-    g: &Cuda,
-    v: &[f32],
-    shape: &[usize],
-) -> Result<(Tensor<Cuda>, Tensor<Cpu>)> {
+fn both(g: &Cuda, v: &[f32], shape: &[usize]) -> Result<(Tensor<Cuda>, Tensor<Cpu>)> {
     Ok((
         g.upload(HostData::F32(v), shape)?,
         Cpu.upload(HostData::F32(v), shape)?,
@@ -97,7 +97,12 @@ fn max_logit(q: &[f32], k: &[f32], cu: &[u32], scale: f32) -> f32 {
     let rows: Vec<usize> = (0..t.min(8)).chain(t.saturating_sub(8)..t).collect();
     let mut worst = 0.0f32;
     for &r in &rows {
-        let start = cu.iter().rev().find(|&&s| s as usize <= r).copied().unwrap_or(0) as usize;
+        let start = cu
+            .iter()
+            .rev()
+            .find(|&&s| s as usize <= r)
+            .copied()
+            .unwrap_or(0) as usize;
         for head in 0..h {
             let kh = head / (h / hkv);
             let qr = &q[(r * h + head) * hd..][..hd];
@@ -148,8 +153,18 @@ fn attention_cases(
         ml >= 15.0,
         format!("max |logit| {ml:.1} over 16 rows x {h} heads, T {t}"),
     );
-    c.close(format!("{tag} attention_train out"), &g.to_host_f32(&og)?, &Cpu.to_host_f32(&oc)?, tol);
-    c.close(format!("{tag} attention_train lse"), &g.to_host_f32(&lg)?, &Cpu.to_host_f32(&lc)?, tol);
+    c.close(
+        format!("{tag} attention_train out"),
+        &g.to_host_f32(&og)?,
+        &Cpu.to_host_f32(&oc)?,
+        tol,
+    );
+    c.close(
+        format!("{tag} attention_train lse"),
+        &g.to_host_f32(&lg)?,
+        &Cpu.to_host_f32(&lc)?,
+        tol,
+    );
     let grads_g = g.attention_backward(&qg, &kg, &vg, &og, &lg, &dg, &cug, sh)?;
     let grads_c = Cpu.attention_backward(&qc, &kc, &vc, &oc, &lc, &dc, &cuc, sh)?;
     // The backward sums T products per element: five times the forward's tolerance.
@@ -202,16 +217,15 @@ fn attention_cases(
 
 /// Token log-probabilities and entropies over the whole vocabulary, logits of standard
 /// deviation 5.
-fn logprob_case(
-    g: &Cuda,
-    s: &Sizes,
-    rng: &mut SplitMix,
-    tag: &str,
-    c: &mut Checks,
-) -> Result<()> {
+fn logprob_case(g: &Cuda, s: &Sizes, rng: &mut SplitMix, tag: &str, c: &mut Checks) -> Result<()> {
     let dt = g.dtype();
     let hv = rand_vals(rng, s.rows * s.hidden, 1.0, dt);
-    let wv = rand_vals(rng, s.vocab * s.hidden, LOGIT_STD / (s.hidden as f32).sqrt(), dt);
+    let wv = rand_vals(
+        rng,
+        s.vocab * s.hidden,
+        LOGIT_STD / (s.hidden as f32).sqrt(),
+        dt,
+    );
     let targets: Vec<u32> = (0..s.rows)
         .map(|_| (rng.next_u64() % s.vocab as u64) as u32)
         .collect();

@@ -113,7 +113,10 @@ mod tests {
     fn empty_grids_are_skipped_and_dynamic_smem_is_checked() {
         assert!(empty_grid((0, 4)) && empty_grid((3, 0)) && !empty_grid((1, 1)));
         // No tiles for an empty batch: the attention grid is empty, not one block.
-        assert!(empty_grid((attention_tiles(&[0, 0], 16).len() as u32 / 3, 28)));
+        assert!(empty_grid((
+            attention_tiles(&[0, 0], 16).len() as u32 / 3,
+            28
+        )));
         assert_eq!(dynamic_smem_plan("k", 1024, 512, 232_448).ok(), Some(false));
         assert_eq!(dynamic_smem_plan("k", 100_000, 0, 232_448).ok(), Some(true));
         let e = dynamic_smem_plan("k", 200_000, 40_000, 232_448).unwrap_err();

@@ -56,7 +56,13 @@ mod tests {
         c.record(8);
         c.record(1024);
         let d = c.get().since(before);
-        assert_eq!(d, Transfers { count: 2, bytes: 1032 });
+        assert_eq!(
+            d,
+            Transfers {
+                count: 2,
+                bytes: 1032
+            }
+        );
         assert_eq!(before.since(c.get()), Transfers::default());
     }
 }
