@@ -1,6 +1,7 @@
 // Element-wise and gather/scatter kernels: fill, scale, axpy, residual add, casts, SwiGLU forward
-// and backward, AdamW (fp32 moments), sum of squares, column sums, embedding forward/backward,
-// KV-cache writes and rotary embedding (half-split layout). Each kernel is a grid-stride loop.
+// and backward, AdamW (fp32 moments; fp32 master weights for bf16), sum of squares, column sums,
+// embedding forward/backward, KV-cache writes and rotary embedding (half-split layout). Each
+// kernel is a grid-stride loop.
 #include "common.cuh"
 
 #define GRID_STRIDE(i, n) \
@@ -46,6 +47,27 @@ __device__ void adamw_impl(T* p, const float* g, float* m, float* v, u64 n, floa
         v[i] = vi;
         float denom = sqrtf(vi) / bc2_sqrt + eps;
         p[i] = from_f32<T>(to_f32(p[i]) * decay - step_size * mi / denom);
+    }
+}
+// AdamW on an fp32 master copy of a bf16 weight: the update is applied to `master` (so updates
+// below the bf16 resolution of the weight accumulate there) and the weight is its rounding. A
+// master element that no longer rounds to the weight (the weight was reloaded or rolled back
+// outside the optimizer) restarts from the weight.
+extern "C" __global__ void adamw_master_bf16(bf16* p, float* master, const float* g, float* m, float* v, u64 n,
+                                             float beta1, float beta2, float eps, float decay, float step_size,
+                                             float bc2_sqrt) {
+    GRID_STRIDE(i, n) {
+        float w0 = master[i];
+        if (from_f32<bf16>(w0).bits != p[i].bits) w0 = to_f32(p[i]);
+        float gi = g[i];
+        float mi = beta1 * m[i] + (1.f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        float w = w0 * decay - step_size * mi / denom;
+        master[i] = w;
+        p[i] = from_f32<bf16>(w);
     }
 }
 // One f64 partial sum of squares per block (the host adds them in order: deterministic).

@@ -18,6 +18,9 @@ use sorft::engine::sampling::{truncated_distribution, SamplingParams};
 use sorft::engine::{Cpu, Cuda, DType, Tensor};
 
 pub mod attention;
+mod gemm;
+mod hotpath;
+mod realistic;
 
 /// Which backend to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -47,6 +50,12 @@ pub struct SelftestArgs {
     /// Only the tensor-core attention checks (kernels/attn_mma.cu): `ci` or `full` shapes.
     #[arg(long, value_enum)]
     pub attention: Option<attention::Mode>,
+    /// The GEMM of the CUDA checks: cuBLAS when loaded (auto), cuBLAS, or the built-in kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub gemm: gemm::GemmChoice,
+    /// Run the realistic-shape cases at full size (T 4,096, vocabulary 151,936).
+    #[arg(long)]
+    pub realistic: bool,
 }
 
 /// Relative tolerance of a dtype (`|got - want| <= tol * (|want| + rms(want))`).
@@ -158,6 +167,7 @@ pub fn run(a: SelftestArgs) -> Result<()> {
                 Ok(g) => g,
                 Err(e) => bail!("no usable GPU, cannot run the CUDA selftest: {e}"),
             };
+            gemm::apply(&gpu, a.gemm)?;
             println!("selftest on {} ({})", gpu.name(), gpu.load_summary());
             for dtype in [DType::F32, DType::BF16] {
                 let be = gpu.with_dtype(dtype)?;
@@ -173,6 +183,8 @@ pub fn run(a: SelftestArgs) -> Result<()> {
             sampling_checks(&be, "cuda", vocab, rows_draws, a.seed, &mut checks)?;
             masked_sampling_checks(&be, "cuda", a.seed, &mut checks)?;
             topk_topp_check(&be, "cuda", a.seed, &mut checks)?;
+            hotpath::checks(&gpu, &mut checks)?;
+            realistic::checks(&gpu, a.realistic, a.seed, &mut checks)?;
             if !a.no_model {
                 model_checks(&gpu, &mut checks)?;
             }
@@ -1208,6 +1220,7 @@ fn model_checks(gpu: &Cuda, c: &mut Checks) -> Result<()> {
     let ids: Vec<u32> = (0..50u32).map(|i| (i * 37 + 11) % vocab).collect();
     let (score, _) = m.score(&ids)?;
     c.close("model log-probs bf16", &score, &cpu.score, 5e-2);
+    hotpath::transfer_checks(gpu, dir.path(), c)?;
     Ok(())
 }
 
@@ -1249,6 +1262,8 @@ mod tests {
             no_model: true,
             quick: true,
             attention: None,
+            gemm: gemm::GemmChoice::Auto,
+            realistic: false,
         })
         .unwrap_err();
         let msg = e.to_string();

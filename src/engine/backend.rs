@@ -315,6 +315,15 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn axpy(&self, y: &mut Tensor<Self>, a: f32, x: &Tensor<Self>) -> Result<()>;
     /// The sum of squares of the elements (accumulated in f64, deterministic order).
     fn sum_squares(&self, x: &Tensor<Self>) -> Result<f64>;
+    /// The sum of squares of every element of every tensor (a global gradient norm), as the sum
+    /// of [`Backend::sum_squares`] of each in order; a GPU does it with one transfer.
+    fn sum_squares_all(&self, xs: &[&Tensor<Self>]) -> Result<f64> {
+        let mut ss = 0.0;
+        for x in xs {
+            ss += self.sum_squares(x)?;
+        }
+        Ok(ss)
+    }
     /// One AdamW update of `param` from `grad` with moments `m`, `v` (all the same shape).
     fn adamw_step(
         &self,
@@ -324,4 +333,26 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         v: &mut Tensor<Self>,
         hp: AdamWParams,
     ) -> Result<()>;
+    /// An f32 master copy of a trained weight stored in a narrower dtype (bf16 on a GPU), for
+    /// [`Backend::adamw_step_master`]; `None` where the weight is f32 already (the default).
+    fn master_copy(&self, _param: &Tensor<Self>) -> Result<Option<Tensor<Self>>> {
+        Ok(None)
+    }
+    /// One AdamW update applied to the f32 `master` copy of `param` (so that updates below the
+    /// resolution of `param`'s dtype accumulate), after which `param` is `master` in its own
+    /// dtype. The default updates `master` with [`Backend::adamw_step`] and re-uploads it.
+    fn adamw_step_master(
+        &self,
+        param: &mut Tensor<Self>,
+        master: &mut Tensor<Self>,
+        grad: &Tensor<Self>,
+        m: &mut Tensor<Self>,
+        v: &mut Tensor<Self>,
+        hp: AdamWParams,
+    ) -> Result<()> {
+        self.adamw_step(master, grad, m, v, hp)?;
+        let host = self.to_host_f32(master)?;
+        *param = self.upload(HostData::F32(&host), param.shape())?;
+        Ok(())
+    }
 }

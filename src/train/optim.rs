@@ -1,5 +1,5 @@
-//! AdamW with fp32 moments, global-norm gradient clipping, and a cosine learning-rate schedule
-//! with linear warmup.
+//! AdamW with fp32 moments (and fp32 master weights for weights stored in bf16), global-norm
+//! gradient clipping, and a cosine learning-rate schedule with linear warmup.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -76,7 +76,9 @@ pub struct StepStats {
     pub clipped: bool,
 }
 
-/// AdamW state: fp32 first and second moments per trained parameter, and the step count.
+/// AdamW state: fp32 first and second moments per trained parameter, an fp32 master copy of each
+/// parameter stored in a narrower dtype (bf16 on a GPU: updates below 2^-9 of a weight would be
+/// lost if written straight into it), and the step count.
 pub struct AdamW<B: Backend> {
     /// Settings.
     pub config: OptimConfig,
@@ -88,6 +90,9 @@ pub struct AdamW<B: Backend> {
     pub m: Vec<Tensor<B>>,
     /// Second moments.
     pub v: Vec<Tensor<B>>,
+    /// fp32 master weights, where the parameter's own dtype is narrower (see
+    /// [`Backend::master_copy`]). Not checkpointed: a resumed run restarts them from the weights.
+    pub master: Vec<Option<Tensor<B>>>,
 }
 
 impl<B: Backend> AdamW<B> {
@@ -95,9 +100,11 @@ impl<B: Backend> AdamW<B> {
     pub fn new(be: &B, config: OptimConfig, params: &[(String, &Tensor<B>)]) -> Result<Self> {
         let mut m = Vec::with_capacity(params.len());
         let mut v = Vec::with_capacity(params.len());
+        let mut master = Vec::with_capacity(params.len());
         for (_, p) in params {
             m.push(be.zeros(p.shape(), DType::F32)?);
             v.push(be.zeros(p.shape(), DType::F32)?);
+            master.push(be.master_copy(p)?);
         }
         Ok(Self {
             config,
@@ -105,6 +112,7 @@ impl<B: Backend> AdamW<B> {
             names: params.iter().map(|(n, _)| n.clone()).collect(),
             m,
             v,
+            master,
         })
     }
 
@@ -136,11 +144,8 @@ impl<B: Backend> AdamW<B> {
                 self.names.len()
             )));
         }
-        let mut ss = 0.0f64;
-        for (_, g) in grads.iter() {
-            ss += be.sum_squares(g)?;
-        }
-        let grad_norm = ss.sqrt();
+        let all: Vec<&Tensor<B>> = grads.iter().map(|(_, g)| &**g).collect();
+        let grad_norm = be.sum_squares_all(&all)?.sqrt();
         if !grad_norm.is_finite() {
             return Err(TrainError::Input(format!(
                 "gradient norm is {grad_norm} at step {}",
@@ -175,7 +180,10 @@ impl<B: Backend> AdamW<B> {
                 weight_decay: wd,
                 step: self.step,
             };
-            be.adamw_step(p, g, &mut self.m[i], &mut self.v[i], hp)?;
+            match &mut self.master[i] {
+                Some(w) => be.adamw_step_master(p, w, g, &mut self.m[i], &mut self.v[i], hp)?,
+                None => be.adamw_step(p, g, &mut self.m[i], &mut self.v[i], hp)?,
+            }
         }
         Ok(StepStats {
             lr,
@@ -230,6 +238,45 @@ impl<B: Backend> AdamW<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Cpu, HostData};
+
+    #[test]
+    fn the_global_norm_is_one_reduction_equal_to_the_per_tensor_sums() {
+        let a = Cpu.upload(HostData::F32(&[3.0, 4.0]), &[2]).unwrap();
+        let b = Cpu.upload(HostData::F32(&[12.0]), &[1]).unwrap();
+        let all = Cpu.sum_squares_all(&[&a, &b]).unwrap();
+        assert_eq!(all, 169.0);
+        assert_eq!(Cpu.sum_squares_all(&[]).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn f32_weights_need_no_master_and_the_default_master_step_equals_the_plain_one() {
+        let w0 = [1.0f32, -2.0, 0.5];
+        let p = Cpu.upload(HostData::F32(&w0), &[3]).unwrap();
+        assert!(Cpu.master_copy(&p).unwrap().is_none());
+        let opt = AdamW::new(&Cpu, OptimConfig::default(), &[("p".into(), &p)]).unwrap();
+        assert!(opt.master.iter().all(Option::is_none));
+        let hp = AdamWParams {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            step: 1,
+        };
+        let g = Cpu.upload(HostData::F32(&[0.5, -1.0, 2.0]), &[3]).unwrap();
+        let z = || Cpu.zeros(&[3], DType::F32).unwrap();
+        let (mut plain, mut m1, mut v1) = (Cpu.copy(&p).unwrap(), z(), z());
+        Cpu.adamw_step(&mut plain, &g, &mut m1, &mut v1, hp)
+            .unwrap();
+        let (mut param, mut master, mut m2, mut v2) = (z(), Cpu.copy(&p).unwrap(), z(), z());
+        Cpu.adamw_step_master(&mut param, &mut master, &g, &mut m2, &mut v2, hp)
+            .unwrap();
+        let want = Cpu.to_host_f32(&plain).unwrap();
+        assert_eq!(Cpu.to_host_f32(&param).unwrap(), want);
+        assert_eq!(Cpu.to_host_f32(&master).unwrap(), want);
+        assert_ne!(want, w0.to_vec());
+    }
 
     #[test]
     fn schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor() {

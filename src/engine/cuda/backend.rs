@@ -63,7 +63,7 @@ impl Backend for Cuda {
                 let v: Vec<f32> = x.iter().map(|h: &f16| h.to_f32()).collect();
                 self.upload_f32s(&v, shape)
             }
-            HostData::U32(x) => self.upload_bytes(bytemuck::cast_slice(x), shape, DType::U32),
+            HostData::U32(x) => self.upload_index(x, shape),
         }
     }
 
@@ -112,6 +112,7 @@ impl Backend for Cuda {
             CudaStorage {
                 data,
                 dtype: t.dtype(),
+                host_index: t.storage().host_index.clone(),
             },
             t.shape().to_vec(),
             t.dtype(),
@@ -309,6 +310,26 @@ impl Backend for Cuda {
 
     fn sum_squares(&self, x: &Tensor<Self>) -> Result<f64> {
         ops::sum_squares(self, x)
+    }
+
+    fn sum_squares_all(&self, xs: &[&Tensor<Self>]) -> Result<f64> {
+        ops::sum_squares_all(self, xs)
+    }
+
+    fn master_copy(&self, param: &Tensor<Self>) -> Result<Option<Tensor<Self>>> {
+        ops::master_copy(self, param)
+    }
+
+    fn adamw_step_master(
+        &self,
+        param: &mut Tensor<Self>,
+        master: &mut Tensor<Self>,
+        grad: &Tensor<Self>,
+        m: &mut Tensor<Self>,
+        v: &mut Tensor<Self>,
+        hp: AdamWParams,
+    ) -> Result<()> {
+        ops::adamw_step_master(self, param, master, grad, m, v, hp)
     }
 
     fn adamw_step(

@@ -59,7 +59,7 @@ pub(crate) fn gemm(
         // Nothing to multiply: C = beta * C.
         return super::ops::scale_raw(be, c.ptr, c.dtype, m * n, beta);
     }
-    if let Some(blas) = &be.inner.blas {
+    if let Some(blas) = be.cublas() {
         let blas = blas
             .lock()
             .map_err(|_| EngineError::Device("cuBLAS handle lock poisoned".into()))?;

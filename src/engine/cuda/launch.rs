@@ -15,6 +15,30 @@ pub fn grid_for(n: usize) -> u32 {
     blocks.min(MAX_GRID as usize) as u32
 }
 
+/// Whether a grid has no blocks (some dimension is 0): such a launch has no work and is skipped,
+/// never rounded up to one block that would read an empty launch table.
+pub fn empty_grid(grid: (u32, u32)) -> bool {
+    grid.0 == 0 || grid.1 == 0
+}
+
+/// Dynamic shared memory every kernel may use without opting in (48 KiB).
+pub const DEFAULT_DYNAMIC_SMEM: u32 = 48 * 1024;
+
+/// Checks that `smem` dynamic bytes plus the kernel's `static_bytes` fit the device's opt-in
+/// limit `optin` (bytes per block); returns whether the kernel must be opted in (more than
+/// [`DEFAULT_DYNAMIC_SMEM`] dynamic bytes).
+pub fn dynamic_smem_plan(name: &str, smem: u32, static_bytes: u32, optin: u32) -> Result<bool> {
+    let total = smem as u64 + static_bytes as u64;
+    if total > optin.max(DEFAULT_DYNAMIC_SMEM) as u64 {
+        return Err(EngineError::Device(format!(
+            "kernel {name} needs {total} bytes of shared memory per block ({smem} dynamic + \
+             {static_bytes} static); the GPU allows {}",
+            optin.max(DEFAULT_DYNAMIC_SMEM)
+        )));
+    }
+    Ok(smem > DEFAULT_DYNAMIC_SMEM)
+}
+
 /// Query rows per block of the attention forward (4 warps x 4 rows).
 pub const FWD_ROWS: u32 = 16;
 /// Query rows per block of the dQ kernel and key rows per block of the dK/dV kernel.
@@ -83,6 +107,22 @@ mod tests {
         assert_eq!(grid_for(256), 1);
         assert_eq!(grid_for(257), 2);
         assert_eq!(grid_for(usize::MAX / 2), MAX_GRID);
+    }
+
+    #[test]
+    fn empty_grids_are_skipped_and_dynamic_smem_is_checked() {
+        assert!(empty_grid((0, 4)) && empty_grid((3, 0)) && !empty_grid((1, 1)));
+        // No tiles for an empty batch: the attention grid is empty, not one block.
+        assert!(empty_grid((
+            attention_tiles(&[0, 0], 16).len() as u32 / 3,
+            28
+        )));
+        assert_eq!(dynamic_smem_plan("k", 1024, 512, 232_448).ok(), Some(false));
+        assert_eq!(dynamic_smem_plan("k", 100_000, 0, 232_448).ok(), Some(true));
+        let e = dynamic_smem_plan("k", 200_000, 40_000, 232_448).unwrap_err();
+        assert!(e.to_string().contains("kernel k needs 240000 bytes"), "{e}");
+        // A device that reports no opt-in limit still allows the default.
+        assert_eq!(dynamic_smem_plan("k", 48 * 1024, 0, 0).ok(), Some(false));
     }
 
     #[test]

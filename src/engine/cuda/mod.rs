@@ -17,6 +17,7 @@ pub mod memory;
 mod ops;
 pub mod registry;
 mod sampling;
+pub mod transfers;
 
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +36,9 @@ pub struct CudaStorage {
     pub data: CudaSlice<u8>,
     /// The element type of the bytes.
     pub dtype: DType,
+    /// The host values of an index tensor uploaded from the host (index tensors are never
+    /// written on the device), so that validating indices needs no device-to-host copy.
+    pub host_index: Option<Arc<[u32]>>,
 }
 
 struct Inner {
@@ -48,6 +52,8 @@ struct Inner {
     cc: (i32, i32),
     sms: u32,
     poison: std::sync::atomic::AtomicBool,
+    transfers: Arc<transfers::TransferCounter>,
+    force_builtin_gemm: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The CUDA backend on one GPU. Cloning shares the context, stream and kernels.
@@ -212,6 +218,8 @@ impl Cuda {
                 cc,
                 sms,
                 poison: std::sync::atomic::AtomicBool::new(false),
+                transfers: Arc::default(),
+                force_builtin_gemm: Arc::default(),
             }),
         })
     }
@@ -244,6 +252,8 @@ impl Cuda {
                 poison: std::sync::atomic::AtomicBool::new(
                     i.poison.load(std::sync::atomic::Ordering::Relaxed),
                 ),
+                transfers: i.transfers.clone(),
+                force_builtin_gemm: i.force_builtin_gemm.clone(),
             }),
         })
     }
@@ -267,7 +277,37 @@ impl Cuda {
 
     /// Whether GEMMs go through cuBLAS (else the built-in kernel).
     pub fn has_cublas(&self) -> bool {
+        self.cublas().is_some()
+    }
+
+    /// cuBLAS, unless absent or the built-in GEMM is forced.
+    pub(crate) fn cublas(&self) -> Option<&Arc<Mutex<cudarc::cublas::CudaBlas>>> {
+        if self
+            .inner
+            .force_builtin_gemm
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return None;
+        }
+        self.inner.blas.as_ref()
+    }
+
+    /// Whether cuBLAS was loaded (whether or not the built-in GEMM is forced).
+    pub fn cublas_loaded(&self) -> bool {
         self.inner.blas.is_some()
+    }
+
+    /// Forces the built-in GEMM kernel even where cuBLAS is loaded (`selftest --gemm builtin`),
+    /// for every dtype view of this GPU context.
+    pub fn force_builtin_gemm(&self, on: bool) {
+        self.inner
+            .force_builtin_gemm
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Device-to-host transfers of this GPU context so far (all dtype views together).
+    pub fn d2h_transfers(&self) -> transfers::Transfers {
+        self.inner.transfers.get()
     }
 
     /// Multiprocessor count.
@@ -297,10 +337,10 @@ impl Cuda {
         format!(
             "kernels from {}, GEMM by {}",
             forms.join(" + "),
-            if self.has_cublas() {
-                "cuBLAS"
-            } else {
-                "the built-in kernel"
+            match (self.has_cublas(), self.cublas_loaded()) {
+                (true, _) => "cuBLAS",
+                (false, true) => "the built-in kernel (forced; cuBLAS loaded)",
+                (false, false) => "the built-in kernel",
             }
         )
     }
@@ -359,7 +399,11 @@ impl Cuda {
         let n: usize = shape.iter().product();
         let data = self.alloc_bytes(n * dtype.size(), zero)?;
         Ok(Tensor::from_parts(
-            CudaStorage { data, dtype },
+            CudaStorage {
+                data,
+                dtype,
+                host_index: None,
+            },
             shape.to_vec(),
             dtype,
         ))
@@ -375,7 +419,8 @@ impl Cuda {
         self.ptr_of(&t.storage().data)
     }
 
-    /// Launches kernel `name` with `grid` x `block` threads and `args`.
+    /// Launches kernel `name` with `grid` x `block` threads and `args`. A grid with no blocks
+    /// in some dimension has no work and launches nothing.
     pub(crate) fn launch(
         &self,
         name: &str,
@@ -383,7 +428,26 @@ impl Cuda {
         block: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_smem(name, grid, block, 0, args)
+    }
+
+    /// As [`Cuda::launch`] with `smem` bytes of dynamic shared memory per block (checked against
+    /// the device's limits; above 48 KiB the kernel is opted in first).
+    pub(crate) fn launch_smem(
+        &self,
+        name: &str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        if launch::empty_grid(grid) {
+            return Ok(());
+        }
         let f = self.inner.kernels.get(name)?;
+        if smem > 0 {
+            self.prepare_dynamic_smem(name, &f, smem)?;
+        }
         let mut b = self.inner.stream.launch_builder(&f);
         for a in args {
             match a {
@@ -394,15 +458,44 @@ impl Cuda {
             };
         }
         let cfg = LaunchConfig {
-            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            grid_dim: (grid.0, grid.1, 1),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         // SAFETY: argument lists match the kernels' signatures (see kernels/*.cu); buffers are
         // sized by the callers, which check shapes first.
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| EngineError::Device(format!("launching {name}: {e:?}")))
+    }
+
+    /// Checks `smem` dynamic bytes against the device's limits and, above the default 48 KiB,
+    /// raises the kernel's dynamic shared memory limit to it.
+    fn prepare_dynamic_smem(
+        &self,
+        name: &str,
+        f: &cudarc::driver::CudaFunction,
+        smem: u32,
+    ) -> Result<()> {
+        use cudarc::driver::sys::{CUdevice_attribute as A, CUfunction_attribute as F};
+        let optin = self
+            .inner
+            .ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map(|v| v.max(0) as u32)
+            .unwrap_or(launch::DEFAULT_DYNAMIC_SMEM);
+        let static_bytes = f
+            .get_attribute(F::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map(|v| v.max(0) as u32)
+            .unwrap_or(0);
+        if launch::dynamic_smem_plan(name, smem, static_bytes, optin)? {
+            f.set_attribute(
+                F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(dev_err("raising the dynamic shared memory limit"))?;
+        }
+        Ok(())
     }
 
     /// The kernel-name suffix of a floating dtype (`f32`, `bf16`).
@@ -447,6 +540,7 @@ impl Cuda {
     /// Downloads raw bytes.
     pub(crate) fn download_bytes(&self, t: &Tensor<Self>) -> Result<Vec<u8>> {
         let n = t.numel() * t.dtype().size();
+        self.inner.transfers.record(n);
         let mut v = self
             .inner
             .stream
@@ -472,7 +566,11 @@ impl Cuda {
                 .map_err(dev_err("copy to device"))?;
         }
         Ok(Tensor::from_parts(
-            CudaStorage { data, dtype },
+            CudaStorage {
+                data,
+                dtype,
+                host_index: None,
+            },
             shape.to_vec(),
             dtype,
         ))
@@ -480,7 +578,15 @@ impl Cuda {
 
     /// Uploads u32 values (launch tables, indices).
     pub(crate) fn upload_u32(&self, v: &[u32]) -> Result<Tensor<Self>> {
-        self.upload_bytes(bytemuck::cast_slice(v), &[v.len()], DType::U32)
+        self.upload_index(v, &[v.len()])
+    }
+
+    /// Uploads an index tensor and keeps its host values beside it (see
+    /// [`CudaStorage::host_index`]).
+    pub(crate) fn upload_index(&self, v: &[u32], shape: &[usize]) -> Result<Tensor<Self>> {
+        let mut t = self.upload_bytes(bytemuck::cast_slice(v), shape, DType::U32)?;
+        t.storage_mut().host_index = Some(Arc::from(v));
+        Ok(t)
     }
 }
 

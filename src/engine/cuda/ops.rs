@@ -50,13 +50,19 @@ pub(crate) fn float_dtype(op: &'static str, t: &Tensor<Cuda>) -> Result<DType> {
     Cuda::suffix(op, t.dtype()).map(|_| t.dtype())
 }
 
-/// Index values of a u32 tensor on the host (for validation and launch tables).
+/// Index values of a u32 tensor on the host (for validation and launch tables): the host copy
+/// kept at upload when there is one (no device-to-host transfer), else a download.
 pub(crate) fn host_u32(be: &Cuda, t: &Tensor<Cuda>, op: &'static str) -> Result<Vec<u32>> {
     if t.dtype() != DType::U32 {
         return Err(EngineError::DType {
             op,
             dtype: t.dtype(),
         });
+    }
+    if let Some(h) = &t.storage().host_index {
+        if h.len() == t.numel() {
+            return Ok(h.to_vec());
+        }
     }
     let b = be.download_bytes(t)?;
     Ok(b.chunks_exact(4)
@@ -609,25 +615,77 @@ pub(crate) fn sum_rows(
 /// Blocks of the sum-of-squares kernel: fixed, so the f64 partials add in a fixed order.
 const SUMSQ_BLOCKS: u32 = 256;
 
-pub(crate) fn sum_squares(be: &Cuda, x: &Tensor<Cuda>) -> Result<f64> {
+/// Queues the sum-of-squares kernel of `x`, writing its [`SUMSQ_BLOCKS`] f64 partials at `out`.
+fn sum_squares_partials(be: &Cuda, x: &Tensor<Cuda>, out: u64) -> Result<()> {
     let dt = float_dtype("sum_squares", x)?;
-    let partial = be.alloc(&[SUMSQ_BLOCKS as usize * 2], DType::F32, true)?;
     let n = x.numel();
     be.launch(
         &format!("sum_squares_{}", Cuda::suffix("sum_squares", dt)?),
         (SUMSQ_BLOCKS, 1),
         256,
-        &[
-            Arg::P(be.ptr(x)),
-            Arg::L(n as u64),
-            Arg::P(be.ptr(&partial)),
-        ],
-    )?;
-    let bytes = be.download_bytes(&partial)?;
-    Ok(bytes
+        &[Arg::P(be.ptr(x)), Arg::L(n as u64), Arg::P(out)],
+    )
+}
+
+/// f64 values of downloaded bytes.
+fn f64s(bytes: &[u8]) -> impl Iterator<Item = f64> + '_ {
+    bytes
         .chunks_exact(8)
         .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+}
+
+pub(crate) fn sum_squares(be: &Cuda, x: &Tensor<Cuda>) -> Result<f64> {
+    sum_squares_all(be, &[x])
+}
+
+/// The sum of squares of every element of every tensor with one device-to-host transfer: each
+/// tensor's partials go to its own slice of one buffer; the host adds them per tensor, then the
+/// tensors in order (the same value as adding [`sum_squares`] of each).
+pub(crate) fn sum_squares_all(be: &Cuda, xs: &[&Tensor<Cuda>]) -> Result<f64> {
+    if xs.is_empty() {
+        return Ok(0.0);
+    }
+    let per = SUMSQ_BLOCKS as usize;
+    let partial = be.alloc(&[per * 2 * xs.len()], DType::F32, true)?;
+    let base = be.ptr(&partial);
+    for (i, x) in xs.iter().enumerate() {
+        sum_squares_partials(be, x, base + (i * per * 8) as u64)?;
+    }
+    let bytes = be.download_bytes(&partial)?;
+    Ok(bytes
+        .chunks_exact(per * 8)
+        .map(|c| f64s(c).sum::<f64>())
         .sum())
+}
+
+/// The kernel scalars of an AdamW step: `(step_size, bc2_sqrt, decay)`.
+fn adamw_scalars(hp: &AdamWParams) -> (f32, f32, f32) {
+    let step = hp.step.max(1) as i32;
+    let bc1 = 1.0 - (hp.beta1 as f64).powi(step);
+    let bc2 = 1.0 - (hp.beta2 as f64).powi(step);
+    let step_size = (hp.lr as f64 / bc1) as f32;
+    (step_size, bc2.sqrt() as f32, 1.0 - hp.lr * hp.weight_decay)
+}
+
+/// Checks the shapes of an AdamW update and that the f32 state tensors (moments, master copy)
+/// are f32.
+fn adamw_check(
+    op: &'static str,
+    param: &Tensor<Cuda>,
+    grad: &Tensor<Cuda>,
+    f32s: &[&Tensor<Cuda>],
+) -> Result<()> {
+    same_shape(op, param, grad)?;
+    for t in f32s {
+        same_shape(op, param, t)?;
+        if t.dtype() != DType::F32 {
+            return Err(EngineError::DType {
+                op,
+                dtype: t.dtype(),
+            });
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn adamw_step(
@@ -639,25 +697,10 @@ pub(crate) fn adamw_step(
     hp: AdamWParams,
 ) -> Result<()> {
     let op = "adamw_step";
-    same_shape(op, param, grad)?;
-    same_shape(op, param, m)?;
-    same_shape(op, param, v)?;
-    for t in [&*m, &*v] {
-        if t.dtype() != DType::F32 {
-            return Err(EngineError::DType {
-                op,
-                dtype: t.dtype(),
-            });
-        }
-    }
+    adamw_check(op, param, grad, &[m, v])?;
     let dt = float_dtype(op, param)?;
     let grad = coerce(be, grad, DType::F32)?;
-    let step = hp.step.max(1) as i32;
-    let bc1 = 1.0 - (hp.beta1 as f64).powi(step);
-    let bc2 = 1.0 - (hp.beta2 as f64).powi(step);
-    let step_size = (hp.lr as f64 / bc1) as f32;
-    let bc2_sqrt = bc2.sqrt() as f32;
-    let decay = 1.0 - hp.lr * hp.weight_decay;
+    let (step_size, bc2_sqrt, decay) = adamw_scalars(&hp);
     let n = param.numel();
     elementwise(
         be,
@@ -665,6 +708,56 @@ pub(crate) fn adamw_step(
         n,
         &[
             Arg::P(be.ptr(param)),
+            Arg::P(be.ptr(&grad)),
+            Arg::P(be.ptr(m)),
+            Arg::P(be.ptr(v)),
+            Arg::L(n as u64),
+            Arg::F(hp.beta1),
+            Arg::F(hp.beta2),
+            Arg::F(hp.eps),
+            Arg::F(decay),
+            Arg::F(step_size),
+            Arg::F(bc2_sqrt),
+        ],
+    )
+}
+
+/// An f32 master copy of a bf16 weight (`None` for an f32 weight, which needs none).
+pub(crate) fn master_copy(be: &Cuda, param: &Tensor<Cuda>) -> Result<Option<Tensor<Cuda>>> {
+    match param.dtype() {
+        DType::BF16 => be.cast(param, DType::F32),
+        _ => Ok(None),
+    }
+}
+
+/// AdamW on the f32 `master` copy of the bf16 `param`; `param` becomes the rounded master.
+pub(crate) fn adamw_step_master(
+    be: &Cuda,
+    param: &mut Tensor<Cuda>,
+    master: &mut Tensor<Cuda>,
+    grad: &Tensor<Cuda>,
+    m: &mut Tensor<Cuda>,
+    v: &mut Tensor<Cuda>,
+    hp: AdamWParams,
+) -> Result<()> {
+    let op = "adamw_step_master";
+    adamw_check(op, param, grad, &[master, m, v])?;
+    if param.dtype() != DType::BF16 {
+        return Err(EngineError::DType {
+            op,
+            dtype: param.dtype(),
+        });
+    }
+    let grad = coerce(be, grad, DType::F32)?;
+    let (step_size, bc2_sqrt, decay) = adamw_scalars(&hp);
+    let n = param.numel();
+    elementwise(
+        be,
+        "adamw_master_bf16",
+        n,
+        &[
+            Arg::P(be.ptr(param)),
+            Arg::P(be.ptr(master)),
             Arg::P(be.ptr(&grad)),
             Arg::P(be.ptr(m)),
             Arg::P(be.ptr(v)),

@@ -55,8 +55,10 @@ pub(crate) fn sample(
         bytes.extend_from_slice(&pack(p, c));
     }
     let recs = be.upload_bytes(&bytes, &[b * RECORD / 4], DType::U32)?;
-    let ids = be.alloc(&[b], DType::U32, false)?;
-    let lps = be.alloc(&[b], DType::F32, false)?;
+    // Ids and log-probabilities in one buffer (ids, then f32 log-probs): one download.
+    let out = be.alloc(&[2 * b], DType::U32, false)?;
+    let ids = be.ptr(&out);
+    let lps = ids + 4 * b as u64;
     be.launch(
         &format!("sample_{}", Cuda::suffix(op, dt)?),
         (b as u32, 1),
@@ -64,13 +66,13 @@ pub(crate) fn sample(
         &[
             Arg::P(be.ptr(logits)),
             Arg::P(be.ptr(&recs)),
-            Arg::P(be.ptr(&ids)),
-            Arg::P(be.ptr(&lps)),
+            Arg::P(ids),
+            Arg::P(lps),
             Arg::U(v as u32),
         ],
     )?;
-    let ib = be.download_bytes(&ids)?;
-    let lb = be.download_bytes(&lps)?;
+    let bytes = be.download_bytes(&out)?;
+    let (ib, lb) = bytes.split_at(4 * b);
     Ok(ib
         .chunks_exact(4)
         .zip(lb.chunks_exact(4))
