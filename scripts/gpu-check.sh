@@ -11,14 +11,14 @@
 #                                runs, each step with its own time limit and all of them within
 #                                GPU_CHECK_BUDGET seconds (default 500; later steps are skipped):
 #                                doctor; selftest --device cuda; selftest --attention full (the
-#                                tensor-core attention); `sorft bench kernels` alternating
-#                                with PyTorch at the same shapes (scripts/bench_kernels_torch.py);
-#                                repro --quick --device cuda; a Qwen2.5-Coder-7B-shaped model with
-#                                random bf16 weights (bench model --random-config); the selftest
-#                                again with the built-in GEMM forced (SORFT_GEMM=builtin);
+#                                tensor-core attention); `sorft bench kernels` alternating with
+#                                PyTorch at the same shapes (scripts/bench_kernels_torch.py); a
+#                                Qwen2.5-Coder-7B-shaped model with random bf16 weights (bench
+#                                model --random-config); repro --quick on --device cuda and cpu;
+#                                two LoRA GRPO steps on a 0.5B-shaped model directory;
 #                                compute-sanitizer memcheck on selftest --quick --no-model;
-#                                repro --quick --device cpu; a 0.5B-shaped model directory on the
-#                                GPU and the CPU. GPU_CHECK_STEPS picks steps (comma list). $OUT
+#                                selftest --realistic; selftest --gemm builtin.
+#                                GPU_CHECK_STEPS picks steps (comma list). $OUT
 #                                (default ./gpu-check-out) gets summary.txt and results.tar.gz
 #                                (every step's output). Exits non-zero if the selftest fails.
 #
@@ -59,9 +59,9 @@ run)
     mkdir -p "$out"
     work="$(mktemp -d /tmp/gpu-check.XXXXXX)"
     [[ -x "$bin" ]] || { echo "gpu-check: $bin not found (run 'scripts/gpu-check.sh build' first)" >&2; exit 1; }
-    # What to run: GPU_CHECK_STEPS, a comma list of doctor,selftest,attn,bench,repro,big,builtin,memcheck,model
+    # What to run: GPU_CHECK_STEPS, a comma list of doctor,selftest,attn,bench,big,repro,lora,memcheck,realistic,builtin
     # (default: all). GPU_CHECK_BUDGET (s, default 500) skips the steps that would start after it.
-    steps=",${GPU_CHECK_STEPS:-doctor,selftest,attn,bench,repro,big,builtin,memcheck,model},"
+    steps=",${GPU_CHECK_STEPS:-doctor,selftest,attn,bench,big,repro,lora,memcheck,realistic,builtin},"
     budget="${GPU_CHECK_BUDGET:-500}"
     t0=$SECONDS
     # cuBLAS and NVRTC from the wheels in the image's Python (nvidia/cublas/lib,
@@ -105,24 +105,32 @@ PY
     step attn 150 "$bin" selftest --device cuda --attention full
     # Kernel timings beside PyTorch at the same shapes, the two sides alternating.
     step bench 240 python3 "$ROOT/scripts/bench_kernels_torch.py" --sorft "$bin" --rounds 2
-    # The whole loop on the GPU (its CPU twin comes later, in repro-cpu).
-    step repro-cuda 150 "$bin" repro --quick --device cuda --out "$work/repro-cuda"
     # Qwen2.5-Coder-7B's shape with random bf16 weights made in memory (no download): prefill,
     # decode at batch 1 and 64, and a group rollout with and without the shared prefill.
     step big-7b 200 "$bin" bench model --random-config "$ROOT/tests/fixtures/qwen2.5-coder-7b/config.json" --device cuda --prompt-len 1024 --new-tokens 64 --batch 1,64 --repeats 2 --group 4 --group-prompts 8
-    # The same selftest without cuBLAS: the built-in tiled GEMM kernels take every matrix product.
-    step builtin 200 env SORFT_GEMM=builtin "$bin" selftest --device cuda
+    # The whole loop on the GPU and on the CPU (its data feeds the LoRA RL step below).
+    step repro-cuda 150 "$bin" repro --quick --device cuda --out "$work/repro-cuda"
+    step repro-cpu 150 "$bin" repro --quick --device cpu --out "$work/repro-cpu"
+    # LoRA GRPO on a Qwen2.5-0.5B-shaped model directory (bf16 base, fp32 adapters, the base
+    # with adapters off as the reference): step time, tokens/s and memory in metrics.jsonl.
+    step lora-init 120 "$bin" model init --preset qwen2.5-0.5b-shape --out "$work/m05"
+    if [[ -d "$work/repro-cuda/data" && -d "$work/m05" ]]; then
+        step lora-rl 150 "$bin" rl --device cuda --model "$work/m05" --lora 16 --steps 2 \
+            --instances "$work/repro-cuda/data/train.jsonl" --repos "$work/repro-cuda/data/repos" \
+            --out "$work/lora-rl"
+        [[ -f "$work/lora-rl/metrics.jsonl" ]] && cp "$work/lora-rl/metrics.jsonl" "$work/lora-rl-metrics.jsonl"
+        rm -rf "$work/lora-rl/checkpoints" "$work/lora-rl/final"
+    fi
+    rm -rf "$work/m05"
     if command -v compute-sanitizer >/dev/null; then
         step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin" selftest --device cuda --quick --no-model
     else
         echo "memcheck skipped (no compute-sanitizer)" | tee -a "$work/summary.txt"
     fi
-    step repro-cpu 150 "$bin" repro --quick --device cpu --out "$work/repro-cpu"
-    # Qwen2.5-0.5B's shape from a model directory (the safetensors path), on the GPU and the CPU.
-    step model-init 120 "$bin" model init --preset qwen2.5-0.5b-shape --out "$work/m05"
-    step model-cuda 150 "$bin" bench model --model "$work/m05" --device cuda --prompt-len 1024 --new-tokens 128 --batch 1,64 --repeats 3
-    step model-cpu 150 "$bin" bench model --model "$work/m05" --device cpu --prompt-len 256 --new-tokens 32 --batch 1,8 --repeats 1 --group 0
-    rm -rf "$work/m05"
+    # Realistic shapes at full size (T 4096, vocabulary 151,936), and every check again with the
+    # built-in tiled GEMM forced instead of cuBLAS.
+    step realistic 150 "$bin" selftest --device cuda --realistic --no-model
+    step builtin 200 "$bin" selftest --device cuda --gemm builtin
     echo "total $((SECONDS - t0)) s" | tee -a "$work/summary.txt"
     cp "$work/summary.txt" "$out/summary.txt"
     tar -C "$work" -czf "$out/results.tar.gz" .

@@ -41,6 +41,9 @@ pub struct Block<B: Backend> {
     pub down: Tensor<B>,
 }
 
+/// A source of named weight tensors of an expected shape (see [`Model::from_loader`]).
+pub type TensorLoader<'a, B> = dyn FnMut(&str, &[usize]) -> Result<Tensor<B>> + 'a;
+
 /// A loaded model on a backend.
 pub struct Model<B: Backend> {
     /// The configuration.
@@ -91,7 +94,7 @@ impl<B: Backend> Model<B> {
     pub fn from_loader(
         backend: &B,
         config: ModelConfig,
-        load: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor<B>>,
+        load: &mut TensorLoader<'_, B>,
     ) -> Result<Self> {
         let c = &config;
         let (d, hd) = (c.hidden_size, c.head_dim);
