@@ -500,6 +500,17 @@ fn kernel_checks(gpu: &Cuda, seed: u64, c: &mut Checks) -> Result<()> {
             "sums differ in the last bits (order-dependent accumulation)".into()
         },
     );
+    // embedding backward into a table of the compute dtype: the restricted rows' scatter-add
+    // into a bf16 hidden-state gradient (accumulated in f32, rounded once)
+    let (mut eb_g, mut eb_c) = p.f(&[v, d], 1.0)?;
+    g.embedding_backward(&mut eb_g, &rep_g, &x_g)?;
+    Cpu.embedding_backward(&mut eb_c, &rep_c, &x_c)?;
+    c.close(
+        format!("embedding_backward into a {tag} table"),
+        &host(g, &eb_g)?,
+        &host(&Cpu, &eb_c)?,
+        tol,
+    );
     // adamw (f32 moments; param in the compute dtype)
     let (mut pr_g, mut pr_c) = p.f(&[t, d], 1.0)?;
     let (gr_g, gr_c) = p.f32_both(&[t, d], 1.0)?;

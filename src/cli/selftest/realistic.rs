@@ -128,7 +128,13 @@ fn attention_cases(
     let (h, hkv, hd) = HEADS;
     let t = s.tokens();
     let dt = g.dtype();
-    let tol = tolerance(dt);
+    // f32 rounding of sums over T keys grows like sqrt(T): at T 4096 the H200 differed from the
+    // CPU by 2.2e-5 (out) and 1.6e-4 (dq), over the flat 2e-5 / 1e-4 made for short sequences.
+    // bf16's tolerance is dominated by the inputs' rounding and stays flat.
+    let tol = match dt {
+        DType::BF16 => tolerance(dt),
+        _ => tolerance(dt) * (t as f64 / 256.0).sqrt().max(1.0),
+    };
     let sh = AttentionShape {
         n_heads: h,
         n_kv_heads: hkv,
