@@ -84,7 +84,7 @@ fn keep_pool_memory(ctx: &CudaContext) {
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         let mut threshold: u64 = u64::MAX;
         // SAFETY: `pool` receives the device's default pool; the attribute value is a u64.
-        let r = unsafe {
+        unsafe {
             match sys::cuDeviceGetDefaultMemPool(&mut pool, dev) {
                 sys::CUresult::CUDA_SUCCESS => sys::cuMemPoolSetAttribute(
                     pool,
@@ -93,8 +93,7 @@ fn keep_pool_memory(ctx: &CudaContext) {
                 ),
                 e => e,
             }
-        };
-        r
+        }
     });
     if !matches!(set, Ok(sys::CUresult::CUDA_SUCCESS)) {
         tracing::debug!("memory pool release threshold not set ({set:?})");
