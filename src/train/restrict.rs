@@ -137,12 +137,17 @@ impl Restricted {
         let set = &self.sets[k];
         let lse = set_lse(row, set);
         let allowed = || (0..row.len()).filter(|&b| set.contains(b as u32));
-        let entropy: f64 = allowed()
-            .map(|b| {
-                let lp = row[b] as f64 - lse;
-                -lp * lp.exp()
-            })
-            .sum();
+        // The entropy costs a pass over the vocabulary: only when its gradient is wanted.
+        let entropy: f64 = if g_ent == 0.0 {
+            0.0
+        } else {
+            allowed()
+                .map(|b| {
+                    let lp = row[b] as f64 - lse;
+                    -lp * lp.exp()
+                })
+                .sum()
+        };
         for b in allowed() {
             let lp = row[b] as f64 - lse;
             let p = lp.exp();
