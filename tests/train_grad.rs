@@ -408,8 +408,8 @@ fn whole_model_check(tied: bool, recompute: bool, temperature: f32, restrict: bo
     let t = batch.len();
     let mut r = SplitMix::new(22);
     let a: Vec<f32> = batch.weights.iter().map(|&w| -w).collect();
-    // The restricted check weighs log-probabilities only (the entropy stays the full
-    // distribution's, checked above; with both, f32 rounding of the loss swamps some directions).
+    // The restricted check weighs log-probabilities only (the restricted entropy's gradient is
+    // checked in `train::restrict`; with both, f32 rounding of the loss swamps some directions).
     let b: Vec<f32> = if restrict {
         vec![0.0; t]
     } else {

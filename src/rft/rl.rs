@@ -896,13 +896,8 @@ impl<B: Backend> RlTrainer<B> {
                 let batch = pack_restricted(&mb_seqs, &mb_restrict)?;
                 let fwd = forward(policy, self.lora.as_ref(), &batch, fopts)?;
                 let logp_rows = be.to_host_f32(&fwd.logp)?;
-                let mut ent_rows = be.to_host_f32(&fwd.entropy)?;
-                // Restricted rows were sampled from the renormalised distribution: log its entropy.
-                for &(r, h) in &fwd.restricted_entropy {
-                    if let Some(e) = ent_rows.get_mut(r as usize) {
-                        *e = h;
-                    }
-                }
+                // Restricted rows hold (and get the gradient of) their renormalised entropy.
+                let ent_rows = be.to_host_f32(&fwd.entropy)?;
                 // Gather response-token rows in order.
                 let mut rows = Vec::new();
                 for s in 0..mb.len() {

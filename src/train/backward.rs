@@ -2,12 +2,13 @@
 //! LM head and final norm, then per block the MLP (down, SwiGLU, gate/up, norm) and attention
 //! (o_proj, packed causal attention, RoPE, q/k/v with biases, norm), residual adds, embedding.
 
-use crate::engine::{Backend, DType, HostData, Tensor};
+use crate::engine::{Backend, DType, Tensor};
 use crate::model::transformer::Model;
 use crate::train::error::Result;
 use crate::train::forward::{block_forward, tempered, BlockActs, Forward, Saved};
 use crate::train::lora::{Adapter, Lora, LoraTarget};
 use crate::train::params::Grads;
+use crate::train::restrict::head_backward;
 
 /// Where the gradient of one projection goes.
 struct ProjGrad<'a, B: Backend> {
@@ -83,38 +84,25 @@ pub fn backward<B: Backend>(
 
     // LM head and final norm.
     let mut dx = {
-        let mut dhead = grads
+        let dhead = grads
             .full
             .as_mut()
             .map(|gm| gm.lm_head.as_mut().unwrap_or(&mut gm.embed));
         let scaled = tempered(be, &h_final, opts.temperature)?;
         let hin = scaled.as_ref().unwrap_or(&h_final);
-        // Restricted rows: their exact gradient here, and no full-softmax gradient below.
-        let (g_full, extra) = match &restricted {
-            Some(r) => {
-                let mut g = be.to_host_f32(g_logp)?;
-                let gr: Vec<f32> = r
-                    .rows
-                    .iter()
-                    .map(|&row| std::mem::take(&mut g[row as usize]))
-                    .collect();
-                let extra = r.backward(be, hin, model.head(), &gr, dhead.as_deref_mut())?;
-                (Some(be.upload(HostData::F32(&g), &[g.len()])?), extra)
-            }
-            None => (None, Vec::new()),
-        };
-        let mut dh = be.token_logprobs_backward(
+        // Restricted rows: their restricted distribution's exact gradients (log-probability
+        // and entropy); the other rows the full softmax's.
+        let mut dh = head_backward(
+            be,
+            restricted.as_ref(),
             hin,
             model.head(),
             &batch.targets,
-            g_full.as_ref().unwrap_or(g_logp),
+            g_logp,
             g_entropy,
             opts.chunk_rows,
             dhead,
         )?;
-        for (rows, dhs) in &extra {
-            be.embedding_backward(&mut dh, rows, dhs)?;
-        }
         if opts.temperature != 1.0 {
             be.scale(&mut dh, 1.0 / opts.temperature)?;
         }

@@ -209,14 +209,15 @@ pub struct Forward<B: Backend> {
     pub h_final: Tensor<B>,
     /// Per-row log-probability of the target (0 where ignored) `[T]`.
     pub logp: Tensor<B>,
-    /// Per-row entropy of the next-token distribution (0 where ignored) `[T]`.
+    /// Per-row entropy of the next-token distribution (0 where ignored; on restricted rows the
+    /// restricted distribution's) `[T]`.
     pub entropy: Tensor<B>,
     /// The options used.
     pub opts: ForwardOptions,
     /// The batch's restricted rows (their `logp` is the restricted log-probability).
     pub restricted: Option<Restricted>,
-    /// `(row, entropy)` of the restricted rows' renormalised distributions (`entropy` holds the
-    /// full softmax's for every row; its gradient is the full one's).
+    /// `(row, entropy)` of the restricted rows' renormalised distributions (also written into
+    /// `entropy`, whose gradient on those rows is the restricted one's).
     pub restricted_entropy: Vec<(u32, f32)>,
 }
 
@@ -380,19 +381,23 @@ pub fn forward<B: Backend>(
     let h_final = be.rms_norm(&x, &model.norm, c.rms_norm_eps)?;
     let scaled = tempered(be, &h_final, opts.temperature)?;
     let hin = scaled.as_ref().unwrap_or(&h_final);
-    let (mut logp, entropy) = be.token_logprobs(hin, model.head(), &db.targets, opts.chunk_rows)?;
+    let (mut logp, mut entropy) =
+        be.token_logprobs(hin, model.head(), &db.targets, opts.chunk_rows)?;
     let mut restricted_entropy = Vec::new();
     let restricted = if batch.restricted.is_empty() {
         None
     } else {
         let r = Restricted::new(&batch.restricted, &batch.targets, model.head().shape()[0])?;
         let (lp, ent) = r.logprobs(be, hin, model.head())?;
-        restricted_entropy = r.rows.iter().copied().zip(ent).collect();
         let mut host = be.to_host_f32(&logp)?;
-        for (&row, &v) in r.rows.iter().zip(&lp) {
+        let mut host_ent = be.to_host_f32(&entropy)?;
+        for ((&row, &v), &e) in r.rows.iter().zip(&lp).zip(&ent) {
             host[row as usize] = v;
+            host_ent[row as usize] = e;
         }
+        restricted_entropy = r.rows.iter().copied().zip(ent).collect();
         logp = be.upload(HostData::F32(&host), &[host.len()])?;
+        entropy = be.upload(HostData::F32(&host_ent), &[host_ent.len()])?;
         Some(r)
     };
     drop(scaled);

@@ -6,7 +6,9 @@
 //! would never let through, and where the grammar overruled the policy (little mass on `A`) it is
 //! dominated by that push. For the rows a batch restricts, the forward replaces the full
 //! log-probability with `logit_a - logsumexp_{b in A} logit_b` and the backward uses its exact
-//! gradient `head_a - E_{pi_c}[head]` (and the matching head gradient). Logits of the restricted
+//! gradient `head_a - E_{pi_c}[head]` (and the matching head gradient). The entropy of such a row
+//! (logged, and the entropy bonus) is the restricted distribution's too, and so is its gradient
+//! `-pi_c(b) (log pi_c(b) + H_c)` on the allowed logits. Logits of the restricted
 //! rows are computed with the backend's GEMMs, `CHUNK` rows at a time; the set arithmetic is on
 //! the host.
 
@@ -125,39 +127,67 @@ impl Restricted {
         Ok((out, ent))
     }
 
-    /// Backward for `dL/dlogp_c = g[k]` per restricted row: adds the head gradient to `dhead`
-    /// and returns the `(rows, dh_rows)` chunks to scatter-add into `dh`.
+    /// `dL/dlogits` of restricted row `k` (host logits `row`) into `dst`, for `dL/dlogp_c = g`
+    /// and `dL/dH_c = g_ent`: `g (onehot - pi_c) - g_ent pi_c (log pi_c + H_c)` on the allowed
+    /// set, 0 elsewhere.
+    fn row_dlogits(&self, k: usize, row: &[f32], g: f32, g_ent: f32, dst: &mut [f32]) {
+        if g == 0.0 && g_ent == 0.0 {
+            return;
+        }
+        let set = &self.sets[k];
+        let lse = set_lse(row, set);
+        let allowed = || (0..row.len()).filter(|&b| set.contains(b as u32));
+        // The entropy costs a pass over the vocabulary: only when its gradient is wanted.
+        let entropy: f64 = if g_ent == 0.0 {
+            0.0
+        } else {
+            allowed()
+                .map(|b| {
+                    let lp = row[b] as f64 - lse;
+                    -lp * lp.exp()
+                })
+                .sum()
+        };
+        for b in allowed() {
+            let lp = row[b] as f64 - lse;
+            let p = lp.exp();
+            dst[b] = (-(g as f64) * p - g_ent as f64 * p * (lp + entropy)) as f32;
+        }
+        dst[self.targets[k] as usize] += g;
+    }
+
+    /// Backward for `dL/dlogp_c = g[k]` and `dL/dH_c = g_ent[k]` per restricted row: adds the
+    /// head gradient to `dhead` and returns the `(rows, dh_rows)` chunks to scatter-add into `dh`.
     pub fn backward<B: Backend>(
         &self,
         be: &B,
         h: &Tensor<B>,
         head: &Tensor<B>,
         g: &[f32],
+        g_ent: &[f32],
         mut dhead: Option<&mut Tensor<B>>,
     ) -> Result<Vec<(Tensor<B>, Tensor<B>)>> {
         let (v, d) = (head.shape()[0], head.shape()[1]);
+        let n = self.rows.len();
+        if g.len() != n || g_ent.len() != n {
+            return Err(TrainError::Input(format!(
+                "{n} restricted rows but {} log-probability and {} entropy gradients",
+                g.len(),
+                g_ent.len()
+            )));
+        }
         let mut out = Vec::new();
-        for a in (0..self.rows.len()).step_by(CHUNK) {
-            let z = (a + CHUNK).min(self.rows.len());
-            if g[a..z].iter().all(|&x| x == 0.0) {
+        for a in (0..n).step_by(CHUNK) {
+            let z = (a + CHUNK).min(n);
+            if (a..z).all(|k| g[k] == 0.0 && g_ent[k] == 0.0) {
                 continue;
             }
             let (rows, hs, host) = self.logits(be, h, head, a, z)?;
             let mut dl = vec![0.0f32; (z - a) * v];
             for k in a..z {
-                if g[k] == 0.0 {
-                    continue;
-                }
                 let row = &host[(k - a) * v..(k - a + 1) * v];
-                let set = &self.sets[k];
-                let lse = set_lse(row, set);
                 let dst = &mut dl[(k - a) * v..(k - a + 1) * v];
-                for (b, x) in dst.iter_mut().enumerate() {
-                    if set.contains(b as u32) {
-                        *x = -g[k] * (row[b] as f64 - lse).exp() as f32;
-                    }
-                }
-                dst[self.targets[k] as usize] += g[k];
+                self.row_dlogits(k, row, g[k], g_ent[k], dst);
             }
             let dlt = be.upload(HostData::F32(&dl), &[z - a, v])?;
             let mut dhs = be.zeros(&[z - a, d], crate::engine::DType::F32)?;
@@ -168,5 +198,197 @@ impl Restricted {
             out.push((rows, dhs));
         }
         Ok(out)
+    }
+}
+
+/// Backward of the head's per-row log-probabilities and entropies `dL/dlogp = g_logp`,
+/// `dL/dH = g_entropy` (`[T]` each) for head inputs `h` (already tempered): rows in `restricted`
+/// take the exact gradients of their restricted distribution (log-probability *and* entropy),
+/// every other row the full softmax's. Adds the head gradient to `dhead`; returns `dL/dh`.
+#[allow(clippy::too_many_arguments)]
+pub fn head_backward<B: Backend>(
+    be: &B,
+    restricted: Option<&Restricted>,
+    h: &Tensor<B>,
+    head: &Tensor<B>,
+    targets: &Tensor<B>,
+    g_logp: &Tensor<B>,
+    g_entropy: &Tensor<B>,
+    chunk_rows: usize,
+    mut dhead: Option<&mut Tensor<B>>,
+) -> Result<Tensor<B>> {
+    let Some(r) = restricted else {
+        return Ok(
+            be.token_logprobs_backward(h, head, targets, g_logp, g_entropy, chunk_rows, dhead)?
+        );
+    };
+    // Move the restricted rows' coefficients out of the full-softmax backward.
+    let mut gl = be.to_host_f32(g_logp)?;
+    let mut ge = be.to_host_f32(g_entropy)?;
+    let take = |g: &mut Vec<f32>| -> Result<Vec<f32>> {
+        r.rows
+            .iter()
+            .map(|&row| {
+                g.get_mut(row as usize).map(std::mem::take).ok_or_else(|| {
+                    TrainError::Input(format!("restricted row {row} outside the gradient"))
+                })
+            })
+            .collect()
+    };
+    let (gr, gre) = (take(&mut gl)?, take(&mut ge)?);
+    let extra = r.backward(be, h, head, &gr, &gre, dhead.as_deref_mut())?;
+    let gl = be.upload(HostData::F32(&gl), &[gl.len()])?;
+    let ge = be.upload(HostData::F32(&ge), &[ge.len()])?;
+    let mut dh = be.token_logprobs_backward(h, head, targets, &gl, &ge, chunk_rows, dhead)?;
+    for (rows, dhs) in &extra {
+        be.embedding_backward(&mut dh, rows, dhs)?;
+    }
+    Ok(dh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Cpu;
+
+    const H: [f64; 6] = [0.3, -0.2, 0.5, 0.1, 0.4, -0.3];
+    const HEAD: [f64; 15] = [
+        0.8, -0.1, 0.3, -0.5, 0.6, 0.2, 0.4, 0.4, -0.7, 0.1, -0.9, 0.5, -0.2, 0.3, 0.6,
+    ];
+    const TARGETS: [u32; 2] = [2, 4];
+    const ALLOWED: [u32; 3] = [0, 2, 3];
+    const G_LOGP: [f32; 2] = [0.7, -0.4];
+    const G_ENT: [f32; 2] = [0.9, 0.5];
+
+    /// `sum_r g_logp[r] logp_r + g_ent[r] H_r` in f64, row 0 over `row0` (restricted) and row 1
+    /// over the full vocabulary.
+    fn loss(x: &[f64], row0: &[u32]) -> f64 {
+        let (h, head) = x.split_at(6);
+        let mut l = 0.0;
+        for r in 0..2 {
+            let logits: Vec<f64> = (0..5)
+                .map(|b| (0..3).map(|j| h[r * 3 + j] * head[b * 3 + j]).sum())
+                .collect();
+            let set: Vec<usize> = match r {
+                0 => row0.iter().map(|&b| b as usize).collect(),
+                _ => (0..5).collect(),
+            };
+            let lse = set.iter().map(|&b| logits[b].exp()).sum::<f64>().ln();
+            let ent: f64 = set
+                .iter()
+                .map(|&b| -(logits[b] - lse) * (logits[b] - lse).exp())
+                .sum();
+            let lp = logits[TARGETS[r] as usize] - lse;
+            l += G_LOGP[r] as f64 * lp + G_ENT[r] as f64 * ent;
+        }
+        l
+    }
+
+    /// Central differences of [`loss`] over `h` then `head`.
+    fn numeric(row0: &[u32]) -> Vec<f64> {
+        let x: Vec<f64> = H.iter().chain(&HEAD).copied().collect();
+        (0..x.len())
+            .map(|i| {
+                let (mut p, mut m) = (x.clone(), x.clone());
+                p[i] += 1e-5;
+                m[i] -= 1e-5;
+                (loss(&p, row0) - loss(&m, row0)) / 2e-5
+            })
+            .collect()
+    }
+
+    fn up(v: &[f64], shape: &[usize]) -> Tensor<Cpu> {
+        let f: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+        Cpu.upload(HostData::F32(&f), shape).unwrap()
+    }
+
+    /// `[dL/dh, dL/dhead]` from [`head_backward`] with row 0 restricted to [`ALLOWED`].
+    fn analytic() -> Vec<f64> {
+        let set = TokenSet::from_fn(5, |i| ALLOWED.contains(&i));
+        let r = Restricted::new(&[(0, set)], &TARGETS, 5).unwrap();
+        let (h, head) = (up(&H, &[2, 3]), up(&HEAD, &[5, 3]));
+        let targets = Cpu.upload(HostData::U32(&TARGETS), &[2]).unwrap();
+        let (gl, ge) = (
+            Cpu.upload(HostData::F32(&G_LOGP), &[2]).unwrap(),
+            Cpu.upload(HostData::F32(&G_ENT), &[2]).unwrap(),
+        );
+        let mut dhead = Cpu.zeros(&[5, 3], crate::engine::DType::F32).unwrap();
+        let dh = head_backward(
+            &Cpu,
+            Some(&r),
+            &h,
+            &head,
+            &targets,
+            &gl,
+            &ge,
+            1,
+            Some(&mut dhead),
+        )
+        .unwrap();
+        let mut g = Cpu.to_host_f32(&dh).unwrap();
+        g.extend(Cpu.to_host_f32(&dhead).unwrap());
+        g.into_iter().map(f64::from).collect()
+    }
+
+    fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn restricted_entropy_gradient_is_the_restricted_distributions() {
+        let got = analytic();
+        let want = numeric(&ALLOWED);
+        assert!(max_diff(&got, &want) < 1e-4, "{got:?}\nvs\n{want:?}");
+        // The full softmax's entropy gradient on row 0 (the old behaviour) is far from it.
+        let full: Vec<f64> = {
+            let mut only_lp = numeric(&ALLOWED);
+            let ent_restricted = numeric_entropy_row0(&ALLOWED);
+            let ent_full = numeric_entropy_row0(&[0, 1, 2, 3, 4]);
+            for ((x, a), b) in only_lp.iter_mut().zip(&ent_restricted).zip(&ent_full) {
+                *x += G_ENT[0] as f64 * (b - a);
+            }
+            only_lp
+        };
+        assert!(
+            max_diff(&full, &want) > 1e-2,
+            "the check cannot tell them apart"
+        );
+    }
+
+    /// Central differences of row 0's entropy over `set`.
+    fn numeric_entropy_row0(set: &[u32]) -> Vec<f64> {
+        let x: Vec<f64> = H.iter().chain(&HEAD).copied().collect();
+        let ent = |x: &[f64]| {
+            let (h, head) = x.split_at(6);
+            let logits: Vec<f64> = set
+                .iter()
+                .map(|&b| (0..3).map(|j| h[j] * head[b as usize * 3 + j]).sum())
+                .collect();
+            let lse = logits.iter().map(|l| l.exp()).sum::<f64>().ln();
+            logits
+                .iter()
+                .map(|l| -(l - lse) * (l - lse).exp())
+                .sum::<f64>()
+        };
+        (0..x.len())
+            .map(|i| {
+                let (mut p, mut m) = (x.to_vec(), x.to_vec());
+                p[i] += 1e-5;
+                m[i] -= 1e-5;
+                (ent(&p) - ent(&m)) / 2e-5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn restricted_backward_rejects_mismatched_gradients() {
+        let set = TokenSet::from_fn(5, |i| ALLOWED.contains(&i));
+        let r = Restricted::new(&[(0, set)], &TARGETS, 5).unwrap();
+        let (h, head) = (up(&H, &[2, 3]), up(&HEAD, &[5, 3]));
+        let e = r.backward(&Cpu, &h, &head, &[1.0], &[], None).err();
+        assert!(e.is_some_and(|e| e.to_string().contains("entropy gradients")));
     }
 }
