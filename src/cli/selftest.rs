@@ -18,6 +18,7 @@ use sorft::engine::sampling::{truncated_distribution, SamplingParams};
 use sorft::engine::{Cpu, Cuda, DType, Tensor};
 
 pub mod attention;
+pub mod decode;
 mod gemm;
 mod hotpath;
 mod realistic;

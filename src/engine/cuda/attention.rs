@@ -41,6 +41,23 @@ fn use_mma(dt: DType, head_dim: usize) -> bool {
         && std::env::var("SORFT_ATTN_KERNEL").map_or(true, |v| v != "scalar")
 }
 
+/// Head dimensions of the GQA decode kernel (`kernels/decode.cu`).
+pub const DECODE_GQA_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Largest group of query heads per kv head the GQA decode kernel handles (`DG_MAX_GROUP`).
+pub const DECODE_GQA_MAX_GROUP: usize = 8;
+
+/// Whether cache attention uses the GQA decode kernel of `kernels/decode.cu` (one read of each
+/// K/V row for all query heads of a group): a bf16 cache, head dim 64 or 128, at most
+/// `DECODE_GQA_MAX_GROUP` query heads per kv head, unless `SORFT_DECODE_KERNEL=scalar` selects
+/// the per-head kernel of `kernels/attention.cu`.
+fn use_decode_gqa(dt: DType, sh: &AttentionShape) -> bool {
+    dt == DType::BF16
+        && DECODE_GQA_HEAD_DIMS.contains(&sh.head_dim)
+        && sh.n_heads / sh.n_kv_heads <= DECODE_GQA_MAX_GROUP
+        && std::env::var("SORFT_DECODE_KERNEL").map_or(true, |v| v != "scalar")
+}
+
 /// The block list of the tensor-core forward: `(seq_start, seq_end, first M row)` triples, where
 /// the M rows of a sequence of `n` rows are its `n * g` (row, head-in-group) pairs in row-major
 /// order and a block owns `rows` of them. Blocks with the most key tiles come first (causal work
@@ -115,14 +132,22 @@ pub(crate) fn attention(
     }
     let max_len = ps.iter().copied().max().unwrap_or(0) + 1;
     let rh = (t * sh.n_heads) as u32;
-    let (splits, chunk) = decode_splits(max_len, rh, be.sm_count());
+    let gqa = use_decode_gqa(dt, &sh);
+    // The GQA kernel has one block per (row, kv head), the scalar one per (row, query head).
+    let blocks = if gqa { (t * sh.n_kv_heads) as u32 } else { rh };
+    let (splits, chunk) = decode_splits(max_len, blocks, be.sm_count());
     let parts = rh as usize * splits as usize;
     let pm = be.alloc(&[parts], DType::F32, false)?;
     let pl = be.alloc(&[parts], DType::F32, false)?;
     let pacc = be.alloc(&[parts * d], DType::F32, false)?;
+    let partial = if gqa {
+        format!("decode_gqa_bf16_hd{d}")
+    } else {
+        format!("decode_partial_{sfx}_hd{d}")
+    };
     be.launch(
-        &format!("decode_partial_{sfx}_hd{d}"),
-        (rh, splits),
+        &partial,
+        (blocks, splits),
         128,
         &[
             Arg::P(be.ptr(&q)),
