@@ -36,7 +36,8 @@ impl DecodeCase {
     }
 }
 
-/// The decode shapes: GQA 4:1 and 7:1 (and 1:1), lengths 1, 37, 700 and 4096 in one batch.
+/// The decode shapes: GQA 4:1 and 7:1 (and 1:1), lengths 1, 37, 700 and 4096 in one batch,
+/// with and without split-K.
 pub fn decode_cases() -> Vec<DecodeCase> {
     let c = |lens: &[u32], n_heads, n_kv_heads, head_dim| DecodeCase {
         lens: lens.to_vec(),
@@ -46,6 +47,10 @@ pub fn decode_cases() -> Vec<DecodeCase> {
     };
     vec![
         c(&[1, 37, 700, 4096], 28, 4, 128),
+        // Few (row, kv head) blocks: split-K (4 splits of 1024 on the software GPU's 4 SMs),
+        // with splits past the end of the shorter row.
+        c(&[4096, 700], 7, 1, 128),
+        c(&[4096], 8, 2, 64),
         c(&[4096, 1, 700, 37], 8, 2, 64),
         c(&[37, 5], 2, 2, 128),
     ]
