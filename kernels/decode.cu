@@ -11,6 +11,7 @@
 
 #define DG_MAX_GROUP 8
 #define DG_WARPS 4
+#define DG_UNROLL 4
 
 // 8 bf16 (16 bytes): one vector load.
 struct alignas(16) Bf16x8 {
@@ -59,30 +60,41 @@ __device__ void decode_gqa_impl(const bf16* q, const bf16* kc, const bf16* vc, c
             for (int c = 0; c < 8; c++) qr[h][c] = 0.f;
         }
     }
-    // jb is uniform across the warp, so the shuffles below see every lane.
-    for (u32 jb = start + warp * RPW; jb < end; jb += NG) {
-        u32 j = jb + sub;
-        bool valid = j < end;
-        Bf16x8 kv = {}, vv = {};
-        if (valid) {
-            kv = *(const Bf16x8*)(kc + base + (u64)j * kf);
-            vv = *(const Bf16x8*)(vc + base + (u64)j * kf);
+    // jb is uniform across the warp, so the shuffles below see every lane. DG_UNROLL rows per
+    // row group and step: their 2 * DG_UNROLL 16-byte loads are in flight together.
+    for (u32 jb = start + warp * RPW; jb < end; jb += NG * DG_UNROLL) {
+        Bf16x8 kv[DG_UNROLL], vv[DG_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DG_UNROLL; u++) {
+            u32 j = jb + u * NG + sub;
+            kv[u] = Bf16x8{};
+            vv[u] = Bf16x8{};
+            if (j < end) {
+                kv[u] = *(const Bf16x8*)(kc + base + (u64)j * kf);
+                vv[u] = *(const Bf16x8*)(vc + base + (u64)j * kf);
+            }
         }
-        float kr[8], vr[8];
-        dg_unpack(kv, kr);
-        dg_unpack(vv, vr);
-        for (int h = 0; h < DG_MAX_GROUP; h++) {
-            if ((u32)h >= g) break;
-            float s = 0.f;
-            for (int c = 0; c < 8; c++) s += qr[h][c] * kr[c];
-            for (int o = TPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
-            if (valid) {
-                float mn = fmaxf(m[h], s);
-                float corr = dg_rescale(m[h], mn);
-                float p = __expf(s - mn);
-                l[h] = l[h] * corr + p;
-                for (int c = 0; c < 8; c++) acc[h][c] = acc[h][c] * corr + p * vr[c];
-                m[h] = mn;
+#pragma unroll
+        for (int u = 0; u < DG_UNROLL; u++) {
+            // A step past the end is skipped by the whole warp (jb is uniform).
+            bool valid = jb + u * NG + sub < end;
+            if (jb + u * NG >= end) continue;
+            float kr[8], vr[8];
+            dg_unpack(kv[u], kr);
+            dg_unpack(vv[u], vr);
+            for (int h = 0; h < DG_MAX_GROUP; h++) {
+                if ((u32)h >= g) break;
+                float s = 0.f;
+                for (int c = 0; c < 8; c++) s += qr[h][c] * kr[c];
+                for (int o = TPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+                if (valid) {
+                    float mn = fmaxf(m[h], s);
+                    float corr = dg_rescale(m[h], mn);
+                    float p = __expf(s - mn);
+                    l[h] = l[h] * corr + p;
+                    for (int c = 0; c < 8; c++) acc[h][c] = acc[h][c] * corr + p * vr[c];
+                    m[h] = mn;
+                }
             }
         }
     }

@@ -141,7 +141,10 @@ fn a_merge_that_skips_the_rescaling_of_the_row_groups_fails() {
 
 #[test]
 fn a_query_head_read_from_the_wrong_head_of_its_group_fails() {
-    let Some(t) = run_planted("+ kvh * g + h) * HD + part * 8", "+ kvh * g) * HD + part * 8") else {
+    let Some(t) = run_planted(
+        "+ kvh * g + h) * HD + part * 8",
+        "+ kvh * g) * HD + part * 8",
+    ) else {
         return;
     };
     assert!(t.contains("FAIL decode hd"), "{t}");

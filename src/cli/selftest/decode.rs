@@ -110,7 +110,10 @@ mod tests {
     fn the_decode_cases_cover_the_issue_groups_and_lengths() {
         let cs = decode_cases();
         for g in [4, 7] {
-            assert!(cs.iter().any(|c| c.n_heads / c.n_kv_heads == g), "group {g}");
+            assert!(
+                cs.iter().any(|c| c.n_heads / c.n_kv_heads == g),
+                "group {g}"
+            );
         }
         for len in [1, 37, 700, 4096] {
             assert!(cs.iter().any(|c| c.lens.contains(&len)), "length {len}");
