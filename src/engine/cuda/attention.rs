@@ -1,6 +1,7 @@
 //! Attention on the GPU: cache attention (split-K decode, also used for prefill), packed causal
 //! training attention with saved log-sum-exp, and its backward (bf16 at head dim 64/128: the
-//! tensor-core kernels of `kernels/attn_mma.cu`; otherwise the scalar ones of `attention.cu`). Index tensors are validated on
+//! tensor-core kernels of `kernels/attn_mma.cu`; otherwise the scalar ones of `attention.cu`;
+//! bf16 cache attention at head dim 64/128 uses the GQA decode kernel of `kernels/decode.cu`). Index tensors are validated on
 //! the host, where the launch tables (tiles, splits) are computed.
 
 use super::launch::{
