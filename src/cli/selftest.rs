@@ -18,6 +18,7 @@ use sorft::engine::sampling::{truncated_distribution, SamplingParams};
 use sorft::engine::{Cpu, Cuda, DType, Tensor};
 
 pub mod attention;
+pub mod decode;
 mod gemm;
 mod hotpath;
 mod realistic;
@@ -47,7 +48,8 @@ pub struct SelftestArgs {
     /// 512 x 40 over 151,936), for the software GPU of tests/softgpu that runs kernels on the CPU.
     #[arg(long)]
     pub quick: bool,
-    /// Only the tensor-core attention checks (kernels/attn_mma.cu): `ci` or `full` shapes.
+    /// Only the tensor-core attention checks (kernels/attn_mma.cu) and the GQA decode checks
+    /// (kernels/decode.cu): `ci` or `full` shapes.
     #[arg(long, value_enum)]
     pub attention: Option<attention::Mode>,
     /// The GEMM of the CUDA checks: cuBLAS when loaded (auto), cuBLAS, or the built-in kernel.

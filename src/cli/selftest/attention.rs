@@ -183,6 +183,9 @@ pub fn run(mode: Mode, seed: u64) -> Result<()> {
     for case in cases(mode) {
         check_case(&gpu, &case, seed, &mut checks)?;
     }
+    for case in super::decode::decode_cases() {
+        super::decode::check_decode(&gpu, &case, seed, &mut checks)?;
+    }
     let failed = checks.outcomes.iter().filter(|o| !o.pass).count();
     println!(
         "{} passed, {} failed",

@@ -1,6 +1,7 @@
 //! Attention on the GPU: cache attention (split-K decode, also used for prefill), packed causal
 //! training attention with saved log-sum-exp, and its backward (bf16 at head dim 64/128: the
-//! tensor-core kernels of `kernels/attn_mma.cu`; otherwise the scalar ones of `attention.cu`). Index tensors are validated on
+//! tensor-core kernels of `kernels/attn_mma.cu`; otherwise the scalar ones of `attention.cu`;
+//! bf16 cache attention at head dim 64/128 uses the GQA decode kernel of `kernels/decode.cu`). Index tensors are validated on
 //! the host, where the launch tables (tiles, splits) are computed.
 
 use super::launch::{
@@ -39,6 +40,23 @@ fn use_mma(dt: DType, head_dim: usize) -> bool {
     dt == DType::BF16
         && MMA_HEAD_DIMS.contains(&head_dim)
         && std::env::var("SORFT_ATTN_KERNEL").map_or(true, |v| v != "scalar")
+}
+
+/// Head dimensions of the GQA decode kernel (`kernels/decode.cu`).
+pub const DECODE_GQA_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Largest group of query heads per kv head the GQA decode kernel handles (`DG_MAX_GROUP`).
+pub const DECODE_GQA_MAX_GROUP: usize = 8;
+
+/// Whether cache attention uses the GQA decode kernel of `kernels/decode.cu` (one read of each
+/// K/V row for all query heads of a group): a bf16 cache, head dim 64 or 128, at most
+/// `DECODE_GQA_MAX_GROUP` query heads per kv head, unless `SORFT_DECODE_KERNEL=scalar` selects
+/// the per-head kernel of `kernels/attention.cu`.
+fn use_decode_gqa(dt: DType, sh: &AttentionShape) -> bool {
+    dt == DType::BF16
+        && DECODE_GQA_HEAD_DIMS.contains(&sh.head_dim)
+        && sh.n_heads / sh.n_kv_heads <= DECODE_GQA_MAX_GROUP
+        && std::env::var("SORFT_DECODE_KERNEL").map_or(true, |v| v != "scalar")
 }
 
 /// The block list of the tensor-core forward: `(seq_start, seq_end, first M row)` triples, where
@@ -115,14 +133,22 @@ pub(crate) fn attention(
     }
     let max_len = ps.iter().copied().max().unwrap_or(0) + 1;
     let rh = (t * sh.n_heads) as u32;
-    let (splits, chunk) = decode_splits(max_len, rh, be.sm_count());
+    let gqa = use_decode_gqa(dt, &sh);
+    // The GQA kernel has one block per (row, kv head), the scalar one per (row, query head).
+    let blocks = if gqa { (t * sh.n_kv_heads) as u32 } else { rh };
+    let (splits, chunk) = decode_splits(max_len, blocks, be.sm_count());
     let parts = rh as usize * splits as usize;
     let pm = be.alloc(&[parts], DType::F32, false)?;
     let pl = be.alloc(&[parts], DType::F32, false)?;
     let pacc = be.alloc(&[parts * d], DType::F32, false)?;
+    let partial = if gqa {
+        format!("decode_gqa_bf16_hd{d}")
+    } else {
+        format!("decode_partial_{sfx}_hd{d}")
+    };
     be.launch(
-        &format!("decode_partial_{sfx}_hd{d}"),
-        (rh, splits),
+        &partial,
+        (blocks, splits),
         128,
         &[
             Arg::P(be.ptr(&q)),

@@ -95,6 +95,8 @@ pub fn launched_kernels() -> Vec<String> {
         "attn_mma_bwd_dq_bf16_hd128",
         "attn_mma_bwd_dkdv_bf16_hd64",
         "attn_mma_bwd_dkdv_bf16_hd128",
+        "decode_gqa_bf16_hd64",
+        "decode_gqa_bf16_hd128",
         "adamw_master_bf16",
     ]
     .iter()
