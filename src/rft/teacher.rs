@@ -79,7 +79,7 @@ pub const CANNOT_FIX: &str =
     "<think>No line shown here has a change I can justify from the issue; I cannot fix it.</think>";
 
 /// The single-operator changes the teacher knows for `line` (each differs from it).
-fn mutations_of(line: &str) -> Vec<String> {
+pub(crate) fn mutations_of(line: &str) -> Vec<String> {
     INVERSE_MUTATIONS
         .iter()
         .filter(|(a, _)| line.contains(a))
@@ -181,7 +181,8 @@ impl Evidence {
     }
 }
 
-fn file_stem(path: &str) -> String {
+/// A path's file name without extensions, lower-cased (`pkg/Core.py` -> `core`).
+pub(crate) fn file_stem(path: &str) -> String {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.split('.').next().unwrap_or(name).to_lowercase()
 }

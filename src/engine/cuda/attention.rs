@@ -212,38 +212,23 @@ pub(crate) fn attention_train(
     let v = coerce(be, v, dt)?;
     let out = be.alloc(&[t, qf], dt, false)?;
     let lse = be.alloc(&[t, sh.n_heads], DType::F32, false)?;
-    if use_mma(dt, sh.head_dim) {
+    // The tensor-core kernel takes one block per M-row tile of a kv head (its group's query
+    // heads packed as rows); the scalar kernel one block per row tile of a query head.
+    let (name, tiles, heads) = if use_mma(dt, sh.head_dim) {
         let g = (sh.n_heads / sh.n_kv_heads) as u32;
-        let tiles = mma_tiles(&cu, g, MMA_ROWS);
-        if !tiles.is_empty() {
-            let tiles_dev = be.upload_u32(&tiles)?;
-            be.launch(
-                &format!("attn_mma_fwd_bf16_hd{}", sh.head_dim),
-                ((tiles.len() / 3) as u32, sh.n_kv_heads as u32),
-                128,
-                &[
-                    Arg::P(be.ptr(q)),
-                    Arg::P(be.ptr(&k)),
-                    Arg::P(be.ptr(&v)),
-                    Arg::P(be.ptr(&out)),
-                    Arg::P(be.ptr(&lse)),
-                    Arg::P(be.ptr(&tiles_dev)),
-                    Arg::U(sh.n_heads as u32),
-                    Arg::U(sh.n_kv_heads as u32),
-                    Arg::F(sh.scale),
-                ],
-            )?;
-        }
-        return Ok((out, lse));
-    }
-    let tiles = attention_tiles(&cu, FWD_ROWS);
+        let name = format!("attn_mma_fwd_bf16_hd{}", sh.head_dim);
+        (name, mma_tiles(&cu, g, MMA_ROWS), sh.n_kv_heads)
+    } else {
+        let name = format!("flash_fwd_{sfx}_hd{}", sh.head_dim);
+        (name, attention_tiles(&cu, FWD_ROWS), sh.n_heads)
+    };
     if tiles.is_empty() {
         return Ok((out, lse));
     }
     let tiles_dev = be.upload_u32(&tiles)?;
     be.launch(
-        &format!("flash_fwd_{sfx}_hd{}", sh.head_dim),
-        ((tiles.len() / 3) as u32, sh.n_heads as u32),
+        &name,
+        ((tiles.len() / 3) as u32, heads as u32),
         128,
         &[
             Arg::P(be.ptr(q)),

@@ -273,14 +273,13 @@ impl Backend for Cuda {
         if dtable.dtype() == DType::BF16 {
             // A bf16 table: the hidden-state gradient of bf16 compute, into which the restricted
             // rows of constrained decoding are scattered. Accumulate in f32, round once.
-            let Some(mut acc) = self.cast(dtable, DType::F32)? else {
-                return ops::embedding_backward(self, dtable, ids, dx);
-            };
-            ops::embedding_backward(self, &mut acc, ids, dx)?;
-            if let Some(back) = self.cast(&acc, DType::BF16)? {
-                *dtable = back;
+            if let Some(mut acc) = self.cast(dtable, DType::F32)? {
+                ops::embedding_backward(self, &mut acc, ids, dx)?;
+                if let Some(back) = self.cast(&acc, DType::BF16)? {
+                    *dtable = back;
+                }
+                return Ok(());
             }
-            return Ok(());
         }
         ops::embedding_backward(self, dtable, ids, dx)
     }

@@ -13,7 +13,7 @@
 use crate::engine::rng::{random_u64, SplitMix};
 use crate::rft::failforge::evidence::IssueEvidence;
 use crate::rft::failforge::retry::{SKILL_FOOTER, SKILL_HEADER};
-use crate::rft::teacher::{identifiers, Teacher, TeacherItem, CANNOT_FIX};
+use crate::rft::teacher::{file_stem, identifiers, mutations_of, Teacher, TeacherItem, CANNOT_FIX};
 use crate::swe::codemap::{is_test_path, DefKind};
 use crate::swe::subtask::{Subtask, SubtaskRecord};
 use std::collections::BTreeSet;
@@ -79,41 +79,10 @@ pub fn prompt_skill(prompt: &str) -> Option<&str> {
     rest.split_once(SKILL_FOOTER).map(|(s, _)| s.trim())
 }
 
-/// Rewrites that undo common bugs: the single-operator changes the teacher knows.
-const MUTATIONS: &[(&str, &str)] = &[
-    (" == ", " != "),
-    (" != ", " == "),
-    (" < ", " <= "),
-    (" <= ", " < "),
-    (" > ", " >= "),
-    (" >= ", " > "),
-    (" + ", " - "),
-    (" - ", " + "),
-    (" * ", " / "),
-    (" and ", " or "),
-    (" or ", " and "),
-    ("min(", "max("),
-    ("max(", "min("),
-    (" + 1", ""),
-    (" - 1", ""),
-    ("True", "False"),
-    ("False", "True"),
-    ("not ", ""),
-];
-
 /// Comparison and arithmetic operators (what [`Directive::OperatorLine`] looks for).
 const OPERATORS: &[&str] = &[
     " < ", " <= ", " > ", " >= ", " == ", " != ", " + ", " - ", " * ", " / ", " // ", " % ",
 ];
-
-fn mutations_of(line: &str) -> Vec<String> {
-    MUTATIONS
-        .iter()
-        .filter(|(a, _)| line.contains(a))
-        .map(|(a, b)| line.replacen(a, b, 1))
-        .filter(|n| n != line)
-        .collect()
-}
 
 /// How many characters a change alters: the longer of the two middles left after the common
 /// prefix and suffix.
@@ -165,11 +134,6 @@ fn exclude(scores: &mut [f64], drop: &dyn Fn(usize) -> bool) {
             }
         }
     }
-}
-
-fn file_stem(path: &str) -> String {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.split('.').next().unwrap_or(name).to_lowercase()
 }
 
 /// What the teacher reads from one prompt.
