@@ -7,8 +7,10 @@
 //! the driver.
 //!
 //! nvcc is looked up in `$NVCC`, then in `$SORFT_NVCC_VENV` (a virtualenv made by
-//! `scripts/check-kernels.sh`), then on `PATH`. A compiler named explicitly must succeed; one
-//! merely found on `PATH` that fails only produces a warning (the sources are still embedded).
+//! `scripts/check-kernels.sh`), then in `vendor/nvcc` (the pinned wheels unpacked by
+//! `scripts/vendor.sh`, for offline builds), then on `PATH`. A compiler named explicitly or
+//! vendored must succeed; one merely found on `PATH` that fails only produces a warning (the
+//! sources are still embedded).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -90,7 +92,11 @@ fn main() {
     std::fs::write(out.join("kernels.rs"), gen).expect("write kernels.rs");
 }
 
-/// The nvcc to use and whether it was named explicitly.
+/// Where `scripts/vendor.sh` unpacks nvcc (relative to the package root, the build script's
+/// working directory).
+const VENDORED_NVCC: &str = "vendor/nvcc/nvidia/cu13/bin/nvcc";
+
+/// The nvcc to use and whether it was named explicitly (or vendored).
 fn find_nvcc() -> (Option<PathBuf>, bool) {
     if let Ok(p) = std::env::var("NVCC") {
         if !p.is_empty() {
@@ -108,6 +114,11 @@ fn find_nvcc() -> (Option<PathBuf>, bool) {
             }
         }
         panic!("SORFT_NVCC_VENV={venv} has no nvidia/cu13/bin/nvcc; run scripts/check-kernels.sh");
+    }
+    let vendored = Path::new(VENDORED_NVCC);
+    if vendored.is_file() {
+        println!("cargo:rerun-if-changed={VENDORED_NVCC}");
+        return (Some(vendored.to_path_buf()), true);
     }
     let on_path = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)

@@ -120,6 +120,12 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// Copies host data into a new tensor of the given shape (the dtype may be widened to the
     /// backend's compute dtype for floating-point data).
     fn upload(&self, data: HostData<'_>, shape: &[usize]) -> Result<Tensor<Self>>;
+    /// Copies f32 host data into a new f32 tensor, never narrowed to the compute dtype (optimizer
+    /// state: moments and master weights restored from a checkpoint). The default is
+    /// [`Backend::upload`], right for backends that compute in f32.
+    fn upload_f32_exact(&self, x: &[f32], shape: &[usize]) -> Result<Tensor<Self>> {
+        self.upload(HostData::F32(x), shape)
+    }
     /// Makes a weight tensor from mapped bytes of `dtype`; zero-copy where the backend can.
     fn upload_weight(
         &self,

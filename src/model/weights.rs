@@ -193,8 +193,31 @@ impl WeightFiles {
         self.tensors.contains_key(name)
     }
 
+    /// One floating-point tensor with the expected shape, as f32 values on the host (read from
+    /// the map; the rest of the file is not touched).
+    pub fn host_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (shard, e) = self.entry(name, shape)?;
+        let bytes = &shard.map[e.start..e.end];
+        crate::engine::cpu::bytes_to_f32(bytes, e.dtype)
+            .map_err(|err| ModelError::invalid(&shard.path, name, err.to_string()))
+    }
+
     /// Loads a floating-point tensor with the expected shape into a backend.
     pub fn load<B: Backend>(&self, backend: &B, name: &str, shape: &[usize]) -> Result<Tensor<B>> {
+        let (shard, e) = self.entry(name, shape)?;
+        let src = MappedBytes {
+            map: Arc::clone(&shard.map),
+            start: e.start,
+            end: e.end,
+        };
+        backend
+            .upload_weight(src, e.dtype, shape)
+            .map_err(|err| ModelError::invalid(&shard.path, name, err.to_string()))
+    }
+
+    /// The shard and entry of a floating-point tensor of the expected shape; a missing tensor, a
+    /// wrong shape or an integer dtype is an error naming the file and the tensor.
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<(&Shard, &TensorEntry)> {
         let e = self.tensors.get(name).ok_or_else(|| {
             let file = self
                 .shards
@@ -218,14 +241,7 @@ impl WeightFiles {
                 "dtype U32, expected a float type",
             ));
         }
-        let src = MappedBytes {
-            map: Arc::clone(&shard.map),
-            start: e.start,
-            end: e.end,
-        };
-        backend
-            .upload_weight(src, e.dtype, shape)
-            .map_err(|err| ModelError::invalid(&shard.path, name, err.to_string()))
+        Ok((shard, e))
     }
 
     /// The distinct dtypes of the stored tensors with their parameter counts.

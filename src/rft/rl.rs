@@ -1215,7 +1215,7 @@ impl<B: Backend> RlTrainer<B> {
                         dst.shape()
                     );
                 }
-                *dst = backend.upload(HostData::F32(data), shape)?;
+                *dst = backend.upload_f32_exact(data, shape)?;
             }
         }
         self.step = st.step;

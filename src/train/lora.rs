@@ -10,7 +10,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::engine::rng::SplitMix;
-use crate::engine::{Backend, DType, HostData, Tensor};
+use crate::engine::{Backend, DType, Tensor};
 use crate::model::config::ModelConfig;
 use crate::model::transformer::Model;
 use crate::model::weights::{save_safetensors, write_atomic, HostTensor};
@@ -165,7 +165,7 @@ impl<B: Backend> Lora<B> {
                     .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
                     .collect();
                 slots[t.slot()] = Some(Adapter {
-                    a: backend.upload(HostData::F32(&a), &[config.rank, inp])?,
+                    a: backend.upload_f32_exact(&a, &[config.rank, inp])?,
                     b: backend.zeros(&[out, config.rank], DType::F32)?,
                 });
             }
@@ -315,7 +315,7 @@ impl<B: Backend> Lora<B> {
                     format!("shape {sh:?}, expected {shape:?}"),
                 ));
             }
-            Ok(backend.upload(HostData::F32(data), shape)?)
+            Ok(backend.upload_f32_exact(data, shape)?)
         };
         let config = LoraConfig {
             rank,

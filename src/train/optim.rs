@@ -9,7 +9,6 @@ use crate::engine::{Backend, DType, Tensor};
 use crate::model::st_writer::StreamTensor;
 use crate::model::weights::HostTensor;
 use crate::model::weights::WeightFiles;
-use crate::train::checkpoint::load_owned;
 use crate::train::error::{Result, TrainError};
 use crate::train::params::Grads;
 
@@ -91,7 +90,8 @@ pub struct AdamW<B: Backend> {
     /// Second moments.
     pub v: Vec<Tensor<B>>,
     /// fp32 master weights, where the parameter's own dtype is narrower (see
-    /// [`Backend::master_copy`]). Not checkpointed: a resumed run restarts them from the weights.
+    /// [`Backend::master_copy`]). Checkpointed as `master.<param>`, so a resumed run continues
+    /// from the exact fp32 weights, not from their rounded copy.
     pub master: Vec<Option<Tensor<B>>>,
 }
 
@@ -194,11 +194,21 @@ impl<B: Backend> AdamW<B> {
 }
 
 impl<B: Backend> AdamW<B> {
-    /// The moments as host tensors named `m.<param>` and `v.<param>` (for checkpoints).
+    /// The f32 state tensors of parameter `i`: its moments, and its master copy where it has one.
+    fn slot_state(&self, i: usize) -> Vec<(&'static str, &Tensor<B>)> {
+        let mut out = vec![("m", &self.m[i]), ("v", &self.v[i])];
+        if let Some(w) = &self.master[i] {
+            out.push(("master", w));
+        }
+        out
+    }
+
+    /// The optimizer state as host tensors named `m.<param>`, `v.<param>` and, for parameters
+    /// with an fp32 master copy, `master.<param>` (for checkpoints).
     pub fn state_tensors(&self, be: &B) -> Result<BTreeMap<String, HostTensor>> {
         let mut out = BTreeMap::new();
         for (i, name) in self.names.iter().enumerate() {
-            for (kind, t) in [("m", &self.m[i]), ("v", &self.v[i])] {
+            for (kind, t) in self.slot_state(i) {
                 out.insert(
                     format!("{kind}.{name}"),
                     HostTensor::f32(t.shape(), &be.to_host_f32(t)?),
@@ -208,27 +218,37 @@ impl<B: Backend> AdamW<B> {
         Ok(out)
     }
 
-    /// The moments as streamed safetensors entries named as in [`AdamW::state_tensors`] (no host
+    /// The state as streamed safetensors entries named as in [`AdamW::state_tensors`] (no host
     /// copy of the whole state; a checkpoint writes them one at a time).
     pub fn state_stream<'a>(&'a self, be: &'a B) -> Vec<StreamTensor<'a>> {
-        let mut out = Vec::with_capacity(2 * self.names.len());
+        let mut out = Vec::with_capacity(3 * self.names.len());
         for (i, name) in self.names.iter().enumerate() {
-            for (kind, t) in [("m", &self.m[i]), ("v", &self.v[i])] {
+            for (kind, t) in self.slot_state(i) {
                 out.push(StreamTensor::from_backend(be, format!("{kind}.{name}"), t));
             }
         }
         out
     }
 
-    /// Loads the moments written by [`AdamW::state_tensors`] from a safetensors file, memory-mapped
-    /// one tensor at a time; a missing tensor or a wrong shape is an error naming the file and the
-    /// tensor.
+    /// Loads the state written by [`AdamW::state_tensors`] from a safetensors file, memory-mapped
+    /// one tensor at a time, as exact f32 (never narrowed to a bf16 compute dtype). A checkpoint
+    /// without master weights (older runs) keeps the master copies made from the weights. A
+    /// missing moment or a wrong shape is an error naming the file and the tensor.
     pub fn load_state(&mut self, be: &B, path: &Path) -> Result<()> {
         let files = WeightFiles::open_file(path)?;
+        let exact = |key: &str, shape: &[usize]| -> Result<Tensor<B>> {
+            let host = files.host_f32(key, shape)?;
+            Ok(be.upload_f32_exact(&host, shape)?)
+        };
         for i in 0..self.names.len() {
-            for (kind, dst) in [("m", &mut self.m[i]), ("v", &mut self.v[i])] {
-                let key = format!("{kind}.{}", self.names[i]);
-                *dst = load_owned(be, &files, &key, dst.shape())?;
+            let name = &self.names[i];
+            self.m[i] = exact(&format!("m.{name}"), self.m[i].shape())?;
+            self.v[i] = exact(&format!("v.{name}"), self.v[i].shape())?;
+            let key = format!("master.{name}");
+            if let Some(w) = &mut self.master[i] {
+                if files.contains(&key) {
+                    *w = exact(&key, w.shape())?;
+                }
             }
         }
         Ok(())

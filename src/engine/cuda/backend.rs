@@ -67,6 +67,11 @@ impl Backend for Cuda {
         }
     }
 
+    fn upload_f32_exact(&self, x: &[f32], shape: &[usize]) -> Result<Tensor<Self>> {
+        check_len(x.len(), shape)?;
+        self.upload_bytes(bytemuck::cast_slice(x), shape, DType::F32)
+    }
+
     fn upload_weight(
         &self,
         src: MappedBytes,

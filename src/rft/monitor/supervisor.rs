@@ -11,7 +11,7 @@ use super::features::StepRecord;
 use super::overrides::{MonitorState, Overrides, MONITOR_FILE, SNAPSHOT_FILE};
 use super::remediate::{plan, Action};
 use super::MonitorMode;
-use crate::engine::{Backend, HostData};
+use crate::engine::{Backend, DType, HostData};
 use crate::model::weights::HostTensor;
 use crate::model::Model;
 use crate::rft::rl::{RlConfig, RlMetrics, RlTrainer};
@@ -184,7 +184,12 @@ impl Supervisor {
         let be = policy.backend.clone();
         for ((_, t), w) in model_params_mut(policy).into_iter().zip(&s.weights) {
             let shape = t.shape().to_vec();
-            *t = be.upload(HostData::F32(w), &shape)?;
+            // Same dtype as before: fp32 tensors (adapters, value head) stay fp32 on a bf16 GPU.
+            *t = if t.dtype() == DType::F32 {
+                be.upload_f32_exact(w, &shape)?
+            } else {
+                be.upload(HostData::F32(w), &shape)?
+            };
         }
         let steps = trainer.cfg.steps;
         trainer.cfg = RlConfig {
