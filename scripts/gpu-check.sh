@@ -59,9 +59,9 @@ run)
     mkdir -p "$out"
     work="$(mktemp -d /tmp/gpu-check.XXXXXX)"
     [[ -x "$bin" ]] || { echo "gpu-check: $bin not found (run 'scripts/gpu-check.sh build' first)" >&2; exit 1; }
-    # What to run: GPU_CHECK_STEPS, a comma list of doctor,selftest,attn,bench,big,repro,lora,memcheck,realistic,builtin
+    # What to run: GPU_CHECK_STEPS, a comma list of doctor,selftest,attn,bench,big,repro,resume,lora,memcheck,realistic,builtin
     # (default: all). GPU_CHECK_BUDGET (s, default 500) skips the steps that would start after it.
-    steps=",${GPU_CHECK_STEPS:-doctor,selftest,attn,bench,big,repro,lora,memcheck,realistic,builtin},"
+    steps=",${GPU_CHECK_STEPS:-doctor,selftest,attn,bench,big,repro,resume,lora,memcheck,realistic,builtin},"
     budget="${GPU_CHECK_BUDGET:-500}"
     t0=$SECONDS
     # cuBLAS and NVRTC from the wheels in the image's Python (nvidia/cublas/lib,
@@ -111,6 +111,27 @@ PY
     # The whole loop on the GPU and on the CPU (its data feeds the LoRA RL step below).
     step repro-cuda 150 "$bin" repro --quick --device cuda --out "$work/repro-cuda"
     step repro-cpu 150 "$bin" repro --quick --device cpu --out "$work/repro-cpu"
+    # Exact resume of bf16 training: a run stopped after 2 steps and resumed must end with the
+    # same weights as one that never stopped (fp32 master weights and f32 moments in the
+    # checkpoint). Prints "resume: identical" or "resume: DIFFERENT".
+    step resume "${GPU_CHECK_RESUME_LIMIT:-120}" bash -c '
+        set -e; bin="$1"; w="$2"
+        "$bin" model init --preset tiny --out "$w/rs-base" --seed 1 >/dev/null
+        for i in $(seq 48); do
+            printf "{\"messages\":[{\"role\":\"user\",\"content\":\"item %d says?\"},{\"role\":\"assistant\",\"content\":\"value %d\"}]}\n" "$i" "$((i % 7))"
+        done >"$w/rs-data.jsonl"
+        sft() { "$bin" sft --device cuda --dtype bf16 --model "$w/rs-base" --data "$w/rs-data.jsonl" \
+            --epochs 1 --batch-tokens 512 --lr 2e-4 --seed 5 --save-every 0 --eval-fraction 0 \
+            --no-progress "$@" >/dev/null; }
+        sft --out "$w/rs-whole"
+        sft --out "$w/rs-split" --max-steps 2
+        sft --out "$w/rs-split" --resume
+        if cmp -s "$w/rs-whole/final/model.safetensors" "$w/rs-split/final/model.safetensors"; then
+            echo "resume: identical"
+        else
+            echo "resume: DIFFERENT"; exit 1
+        fi
+        rm -rf "$w"/rs-*' _ "$bin" "$work"
     # LoRA GRPO on a Qwen2.5-0.5B-shaped model directory (bf16 base, fp32 adapters, the base
     # with adapters off as the reference): step time, tokens/s and memory in metrics.jsonl.
     step lora-init 120 "$bin" model init --preset qwen2.5-0.5b-shape --out "$work/m05"
