@@ -65,8 +65,8 @@ fn execution_reward_catches_edits_that_only_touch_the_line() {
         let bad = touch_but_break(r).unwrap();
         let rule_bad = r.reward(&bad, EditReward::LineFbeta).reward;
         assert!(rule_bad > 0.0, "the planted edit passes the rule reward");
-        jobs.push((r, gold, 1.0));
-        jobs.push((r, bad, rule_bad));
+        jobs.push((*r, gold, 1.0));
+        jobs.push((*r, bad, rule_bad));
     }
     jobs.push((file_rec, "nothing".into(), 0.25));
     let triples: Vec<(&SubtaskRecord, &str, f64)> =

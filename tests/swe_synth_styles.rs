@@ -135,7 +135,7 @@ fn multi_file_bugs_need_both_files_and_truth_names_both() {
             .unwrap();
         let mut half = gold.clone();
         half.files
-            .retain(|f| f.old_path.as_deref() == Some(&files[keep]));
+            .retain(|f| f.old_path.as_deref() == Some(files[keep].as_str()));
         assert_eq!(half.files.len(), 1);
         half.apply_to_dir(scratch.path()).unwrap();
         let run = runner::run_unittest(scratch.path(), T).unwrap();
