@@ -33,6 +33,7 @@ fn same_seed_gives_identical_bytes_and_instances_are_valid() {
         seed: 7,
         per_repo: 2,
         test_timeout: Duration::from_secs(20),
+        ..Default::default()
     };
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();

@@ -145,6 +145,7 @@ fn synth_cmd(
         seed,
         per_repo,
         test_timeout: Duration::from_secs(timeout.max(1)),
+        ..Default::default()
     };
     let pb = bar(n, "generate");
     let report = synth::generate(&cfg, out, &|done| pb.set_position(done.min(n) as u64))

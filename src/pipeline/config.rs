@@ -25,6 +25,13 @@ pub struct DataConfig {
     pub dev_fraction: f64,
     /// Time limit of one validation test run, seconds.
     pub test_timeout: f64,
+    /// Mix of issue styles: `{import = .., traceback = .., behaviour = ..}` (relative weights;
+    /// traceback and behaviour issues carry no `from pkg import mod` line).
+    pub issue_styles: crate::swe::synth::issue::IssueStyles,
+    /// Share of instances whose bug spans two files (the gold patch touches both).
+    pub multi_file_fraction: f64,
+    /// Distractor modules per repository (near-duplicate copies under similar names).
+    pub distractors: usize,
 }
 
 impl Default for DataConfig {
@@ -35,6 +42,9 @@ impl Default for DataConfig {
             heldout_fraction: 0.25,
             dev_fraction: 0.15,
             test_timeout: 20.0,
+            issue_styles: crate::swe::synth::issue::IssueStyles::mixed(),
+            multi_file_fraction: 0.15,
+            distractors: 1,
         }
     }
 }

@@ -30,7 +30,7 @@ use crate::pipeline::plot::{bar_chart, line_chart, Series};
 use crate::rft::accept::{execution_passes, EditAcceptance};
 use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
 use crate::rft::rl::{zero_reason_name, RlItem, RlMetrics};
-use crate::rft::rl_run::{run_rl, RlRun};
+use crate::rft::rl_run::RlRun;
 use crate::rft::teacher::{
     rejection_filter_checked, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
 };
@@ -360,6 +360,9 @@ pub fn run_repro<B: Backend>(
             seed: cfg.seed,
             per_repo: cfg.data.per_repo,
             test_timeout: std::time::Duration::from_secs_f64(cfg.data.test_timeout),
+            issue_styles: cfg.data.issue_styles,
+            multi_file_fraction: cfg.data.multi_file_fraction,
+            distractors: cfg.data.distractors,
         },
         &data,
         &|k| status.detail(format!("data: {k}/{} instances", cfg.data.instances)),
@@ -606,7 +609,8 @@ pub fn run_repro<B: Backend>(
         cfg.stage2.prompt_renames,
         random_u64(cfg.seed, 0xa09, 3),
     )?;
-    let rl = run_rl(
+    let exec = stage2_exec(cfg, &train, &data.join("repos"))?;
+    let rl = crate::rft::rl_run::run_rl_exec(
         be,
         &RlRun {
             model: sft_dir.clone(),
@@ -623,6 +627,7 @@ pub fn run_repro<B: Backend>(
                 m.step, cfg.stage2.steps, m.reward_mean, m.kl, m.entropy
             ))
         },
+        exec,
     )?;
     for m in &rl.metrics {
         let mut v = serde_json::to_value(m)?;
@@ -705,6 +710,27 @@ pub(crate) fn stage1_execution(
         &sb,
         cfg.eval.workers,
     )?))
+}
+
+/// The stage-2 execution scorer of edit answers (`stage2.edit_exec` other than `rule`).
+fn stage2_exec(
+    cfg: &ReproConfig,
+    train: &[Instance],
+    repos: &Path,
+) -> anyhow::Result<Option<std::sync::Arc<crate::rft::exec_reward::ExecReward>>> {
+    use crate::rft::exec_reward::{EditExec, ExecReward};
+    if cfg.stage2.edit_exec == EditExec::Rule {
+        return Ok(None);
+    }
+    let sb = crate::rft::eval::sandbox_config(cfg.data.test_timeout)
+        .context("stage2.edit_exec = \"execution\" or \"mixed\" needs the sandbox")?;
+    Ok(Some(std::sync::Arc::new(ExecReward::new(
+        cfg.stage2.edit_exec,
+        train,
+        repos.to_path_buf(),
+        sb,
+        cfg.eval.workers,
+    ))))
 }
 
 /// What evaluating a checkpoint needs.

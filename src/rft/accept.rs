@@ -24,6 +24,31 @@ pub enum EditAcceptance {
     Execution,
 }
 
+/// Whether each `(instance id, patch)` resolves its instance in the sandbox (FAIL_TO_PASS pass,
+/// PASS_TO_PASS keep passing), `workers` runs in parallel; an unknown instance is `false`.
+pub fn resolve_patches(
+    keys: &[(String, String)],
+    by_id: &HashMap<&str, &Instance>,
+    repos: &Path,
+    sb: &SandboxConfig,
+    workers: usize,
+) -> anyhow::Result<Vec<bool>> {
+    use rayon::prelude::*;
+    let mirrors = MirrorRepos::new(repos);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(workers.max(1))
+        .build()?;
+    Ok(pool.install(|| {
+        keys.par_iter()
+            .map(|(id, patch)| {
+                by_id
+                    .get(id.as_str())
+                    .is_some_and(|inst| run_instance(sb, &mirrors, inst, "teacher", patch).resolved)
+            })
+            .collect()
+    }))
+}
+
 /// Which samples pass execution: `out[i][k]` for sample `k` of record `i`. Only edit records
 /// are run (other records are all `true`); an edit whose answer yields no patch is `false`.
 /// Identical patches of one instance run once; `workers` sandbox runs go in parallel.
@@ -55,22 +80,7 @@ pub fn execution_passes(
         patches.push(p);
     }
     let keys: Vec<(String, String)> = jobs.keys().cloned().collect();
-    let mirrors = MirrorRepos::new(repos);
-    let results: Vec<bool> = {
-        use rayon::prelude::*;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(workers.max(1))
-            .build()?;
-        pool.install(|| {
-            keys.par_iter()
-                .map(|(id, patch)| {
-                    by_id.get(id.as_str()).is_some_and(|inst| {
-                        run_instance(sb, &mirrors, inst, "teacher", patch).resolved
-                    })
-                })
-                .collect()
-        })
-    };
+    let results = resolve_patches(&keys, &by_id, repos, sb, workers)?;
     for (k, ok) in keys.into_iter().zip(results) {
         jobs.insert(k, ok);
     }

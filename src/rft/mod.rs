@@ -2,7 +2,9 @@
 
 pub mod accept;
 pub mod advantage;
+pub mod dynamic;
 pub mod eval;
+pub mod exec_reward;
 pub mod failforge;
 pub mod kl;
 pub mod mismatch;

@@ -97,6 +97,9 @@ pub struct RlConfig {
     pub max_prompt_tokens: usize,
     /// Edit reward: SoRFT's line F-beta or SWE-RL's patch similarity.
     pub edit_reward: EditReward,
+    /// Edit reward from execution: `rule` (the rule reward only), `execution` (1 when the edit's
+    /// patch resolves the instance in the sandbox, else 0) or `mixed` ([`crate::rft::exec_reward`]).
+    pub edit_exec: crate::rft::exec_reward::EditExec,
     /// Whiten advantages over the batch (PPO).
     pub whiten_advantages: bool,
     /// Sequences decoded together.
@@ -104,6 +107,14 @@ pub struct RlConfig {
     /// GRPO/RLOO: leave out of the update the groups whose responses all scored the same (their
     /// advantages are zero; DAPO's dynamic sampling), unless an entropy bonus is set.
     pub skip_uniform_groups: bool,
+    /// DAPO's dynamic sampling ([`crate::rft::dynamic`]): roll out up to `max_refill` extra
+    /// prompts and train on the first `prompts_per_step` groups whose rewards do not all tie;
+    /// subtasks saturated (all-1) for `saturate_after` steps get fewer prompts.
+    pub dynamic_sampling: bool,
+    /// With `dynamic_sampling`: the cap on extra prompts per step.
+    pub max_refill: usize,
+    /// With `dynamic_sampling`: all-1 steps after which a subtask is saturated (0: never).
+    pub saturate_after: usize,
     /// Save a checkpoint every N steps (0: only at the end).
     pub save_every: usize,
     /// Checkpoints kept.
@@ -169,9 +180,13 @@ impl Default for RlConfig {
             max_new_tokens: 96,
             max_prompt_tokens: 2048,
             edit_reward: EditReward::LineFbeta,
+            edit_exec: crate::rft::exec_reward::EditExec::Rule,
             whiten_advantages: true,
             rollout_batch: 16,
             skip_uniform_groups: true,
+            dynamic_sampling: false,
+            max_refill: 4,
+            saturate_after: 3,
             save_every: 4,
             keep_last: 2,
             seed: 0,
@@ -203,6 +218,8 @@ pub struct RlItem {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RlMetrics {
+    /// Groups of extra prompts that replaced tied groups (dynamic sampling).
+    pub refilled_groups: usize,
     /// 1-based step.
     pub step: usize,
     /// Mean reward.
@@ -444,6 +461,10 @@ pub struct RlTrainer<B: Backend> {
     pub base_cfg: RlConfig,
     /// The LoRA adapters being trained (`cfg.lora > 0`); the base model stays frozen.
     pub lora: Option<Lora<B>>,
+    /// The execution scorer of edit answers (`stage2.edit_exec`); none: rule rewards.
+    pub exec: Option<std::sync::Arc<crate::rft::exec_reward::ExecReward>>,
+    /// Saturated-subtask streaks of dynamic sampling (not checkpointed).
+    pub saturation: crate::rft::dynamic::Saturation,
 }
 
 /// One rollout of a step, as written to `rollouts.jsonl`.
@@ -536,6 +557,8 @@ impl<B: Backend> RlTrainer<B> {
             quarantined: Default::default(),
             fault: None,
             lora,
+            exec: None,
+            saturation: Default::default(),
         })
     }
 
@@ -596,9 +619,20 @@ impl<B: Backend> RlTrainer<B> {
         // ---- rollout ----
         let t0 = Instant::now();
         let mut rng = SplitMix::new(random_u64(cfg.seed, 0x5e1, self.step as u64));
-        let mut chosen: Vec<usize> = (0..cfg.prompts_per_step)
+        let n_sample = crate::rft::dynamic::prompts_to_sample(
+            cfg.prompts_per_step,
+            cfg.dynamic_sampling,
+            cfg.max_refill,
+        );
+        let mut chosen: Vec<usize> = (0..n_sample)
             .map(|_| rng.below(self.prompts.len() as u64) as usize)
             .collect();
+        if cfg.dynamic_sampling {
+            let sat = self.saturation.saturated(cfg.saturate_after);
+            let n = self.prompts.len() as u64;
+            let sub = |p: usize| items[self.prompts[p].0].record.subtask.name().to_string();
+            crate::rft::dynamic::thin_saturated(&mut chosen, sub, &sat, || rng.below(n) as usize);
+        }
         if let Some(f) = &self.fault {
             f.on_prompts(self.step, &mut chosen);
         }
@@ -663,12 +697,26 @@ impl<B: Backend> RlTrainer<B> {
         let mut rolls = Vec::with_capacity(outs.len());
         self.last_rollouts.clear();
         let mut by_sub: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let texts: Vec<&str> = outs.iter().map(|o| o.text.as_str()).collect();
+        let record_of = |j: usize| &items[self.prompts[chosen[j / cfg.group_size.max(1)]].0].record;
+        let executed = crate::rft::exec_reward::step_rewards(
+            self.exec.as_deref(),
+            &texts,
+            record_of,
+            cfg.edit_reward,
+        )?;
         for (j, o) in outs.iter().enumerate() {
             let gi = j / cfg.group_size.max(1);
             let (item, prompt) = (&self.prompts[chosen[gi]].0, &self.prompts[chosen[gi]].1);
             let rec = &items[*item].record;
             let mut r = rec.reward(&o.text, cfg.edit_reward);
             let mut reason = r.zero_reason.as_ref().map(zero_reason_name);
+            if let Some(x) = executed[j] {
+                if x == 0.0 && reason.is_none() {
+                    reason = Some("unresolved");
+                }
+                r.reward = x;
+            }
             if let Some(f) = &self.fault {
                 let other = &items[self.prompts[(chosen[gi] + 1) % n_prompts].0].record;
                 let score_other = || other.reward(&o.text, cfg.edit_reward).reward;
@@ -751,9 +799,39 @@ impl<B: Backend> RlTrainer<B> {
         };
         let skip_uniform =
             cfg.skip_uniform_groups && cfg.algorithm != Algorithm::Ppo && cfg.entropy_coef == 0.0;
+        let group_scores: Vec<Vec<f32>> = (0..chosen.len())
+            .map(|g| {
+                rolls
+                    .iter()
+                    .filter(|r| r.group == g)
+                    .map(|r| r.score)
+                    .collect()
+            })
+            .collect();
+        let sel = crate::rft::dynamic::select_groups(
+            &group_scores,
+            if cfg.dynamic_sampling {
+                cfg.prompts_per_step
+            } else {
+                chosen.len()
+            },
+        );
+        m.refilled_groups = sel.refilled;
+        if cfg.dynamic_sampling {
+            let subs: Vec<(String, Vec<f32>)> = (chosen.iter().zip(group_scores))
+                .map(|(&p, s)| {
+                    (
+                        items[self.prompts[p].0].record.subtask.name().to_string(),
+                        s,
+                    )
+                })
+                .collect();
+            self.saturation.update(&subs);
+        }
         let live: Vec<usize> = (0..rolls.len())
             .filter(|&i| !rolls[i].response.is_empty() && rolls[i].seq.mask.contains(&1))
             .filter(|&i| !(skip_uniform && uniform(rolls[i].group)))
+            .filter(|&i| sel.keep[rolls[i].group])
             .collect();
         m.trained_sequences = live.len();
         let seqs: Vec<&Sequence> = live.iter().map(|&i| &rolls[i].seq).collect();

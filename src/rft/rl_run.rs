@@ -76,6 +76,20 @@ pub fn run_rl<B: Backend>(
     run_rl_with_fault(be, run, cfg, items, stop, on_step, None)
 }
 
+/// [`run_rl`] with edit answers scored by execution (`stage2.edit_exec`, see
+/// [`crate::rft::exec_reward`]).
+pub fn run_rl_exec<B: Backend>(
+    be: &B,
+    run: &RlRun,
+    cfg: &RlConfig,
+    items: &[RlItem],
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&RlMetrics),
+    exec: Option<std::sync::Arc<crate::rft::exec_reward::ExecReward>>,
+) -> anyhow::Result<RlOutcome> {
+    run_rl_inner(be, run, cfg, items, stop, on_step, None, exec)
+}
+
 /// [`run_rl`] with a planted fault (`sorft faultbench`, tests); a resume takes the fault's state
 /// from the checkpoint.
 pub fn run_rl_with_fault<B: Backend>(
@@ -86,6 +100,20 @@ pub fn run_rl_with_fault<B: Backend>(
     stop: &AtomicBool,
     on_step: &mut dyn FnMut(&RlMetrics),
     fault: Option<crate::rft::monitor::inject::Injection>,
+) -> anyhow::Result<RlOutcome> {
+    run_rl_inner(be, run, cfg, items, stop, on_step, fault, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_rl_inner<B: Backend>(
+    be: &B,
+    run: &RlRun,
+    cfg: &RlConfig,
+    items: &[RlItem],
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&RlMetrics),
+    fault: Option<crate::rft::monitor::inject::Injection>,
+    exec: Option<std::sync::Arc<crate::rft::exec_reward::ExecReward>>,
 ) -> anyhow::Result<RlOutcome> {
     let root = run.out.join("checkpoints");
     let metrics_path = run.out.join("metrics.jsonl");
@@ -103,6 +131,7 @@ pub fn run_rl_with_fault<B: Backend>(
     };
     let mut trainer = RlTrainer::new(&policy, &tok, items, cfg.clone())?;
     trainer.fault = fault;
+    trainer.exec = exec;
     let weight_bytes = held_weight_bytes(&policy, reference.as_ref(), &trainer);
     let existing = checkpoint::list(&root)?;
     let mut history = Vec::new();

@@ -1,8 +1,135 @@
 //! Issue text in a user's voice, written from a failing test: the call, expected versus actual, and
 //! the traceback when the code raised. It never names the fix.
+//!
+//! Three styles ([`IssueStyle`]): `import` (a script that imports the module, so localization is one
+//! pointer), `traceback` (only the traceback, whose frames name files, lines and functions; no
+//! import line) and `behaviour` (the call, expected versus actual; no import line, no path).
 
 use rand::seq::IndexedRandom;
 use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// How an issue points at the code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IssueStyle {
+    /// A reproduction script with `from {package} import {module}`.
+    Import,
+    /// A traceback only (frames name file, line, function); no import line.
+    Traceback,
+    /// What the user observed (call, expected versus actual); no import line, no path.
+    Behaviour,
+}
+
+impl IssueStyle {
+    /// The style's name (`import`, `traceback`, `behaviour`).
+    pub fn name(self) -> &'static str {
+        match self {
+            IssueStyle::Import => "import",
+            IssueStyle::Traceback => "traceback",
+            IssueStyle::Behaviour => "behaviour",
+        }
+    }
+}
+
+/// Relative weights of the issue styles (`data.issue_styles`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IssueStyles {
+    /// Weight of [`IssueStyle::Import`].
+    pub import: f64,
+    /// Weight of [`IssueStyle::Traceback`].
+    pub traceback: f64,
+    /// Weight of [`IssueStyle::Behaviour`].
+    pub behaviour: f64,
+}
+
+impl Default for IssueStyles {
+    /// Import only (the historical generator).
+    fn default() -> Self {
+        IssueStyles {
+            import: 1.0,
+            traceback: 0.0,
+            behaviour: 0.0,
+        }
+    }
+}
+
+impl IssueStyles {
+    /// The mix `sorft repro` uses: half the issues carry no import line.
+    pub fn mixed() -> Self {
+        IssueStyles {
+            import: 0.5,
+            traceback: 0.25,
+            behaviour: 0.25,
+        }
+    }
+
+    fn weights(&self) -> [(IssueStyle, f64); 3] {
+        [
+            (IssueStyle::Import, self.import),
+            (IssueStyle::Traceback, self.traceback),
+            (IssueStyle::Behaviour, self.behaviour),
+        ]
+    }
+
+    /// Checks the weights: finite, non-negative, not all zero.
+    pub fn check(&self) -> Result<(), String> {
+        let w = self.weights();
+        if let Some((s, x)) = w.iter().find(|(_, x)| !x.is_finite() || *x < 0.0) {
+            return Err(format!(
+                "issue_styles.{} = {x}: weights must be finite and >= 0",
+                s.name()
+            ));
+        }
+        if w.iter().map(|(_, x)| x).sum::<f64>() <= 0.0 {
+            return Err("issue_styles: at least one weight must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Draws a style. A mix with a single positive weight draws nothing from `rng` (so the
+    /// import-only default keeps the historical random stream).
+    pub fn pick<R: Rng>(&self, rng: &mut R) -> IssueStyle {
+        let w = self.weights();
+        let live: Vec<&(IssueStyle, f64)> = w.iter().filter(|(_, x)| *x > 0.0).collect();
+        if live.len() <= 1 {
+            return live.first().map(|(s, _)| *s).unwrap_or(IssueStyle::Import);
+        }
+        let total: f64 = live.iter().map(|(_, x)| x).sum();
+        let mut u = rng.random::<f64>() * total;
+        for (s, x) in &live {
+            if u < *x {
+                return *s;
+            }
+            u -= x;
+        }
+        live.last().map(|(s, _)| *s).unwrap_or(IssueStyle::Import)
+    }
+}
+
+/// Drops `module.` qualifiers of the project's modules from a code line (`mathutils.clamp(` ->
+/// `clamp(`), so that a behaviour or traceback issue does not name the module.
+pub fn strip_module_refs(line: &str, modules: &[String]) -> String {
+    let mut out = line.to_string();
+    for m in modules {
+        let pat = format!("{m}.");
+        let mut res = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(i) = rest.find(&pat) {
+            let prev = rest[..i].chars().last();
+            let word = prev.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.');
+            res.push_str(&rest[..i]);
+            if word {
+                res.push_str(&pat);
+            }
+            rest = &rest[i + pat.len()..];
+        }
+        res.push_str(rest);
+        out = res;
+    }
+    out
+}
 
 /// Splits a call's argument text at top-level commas.
 pub fn split_args(s: &str) -> Vec<String> {
@@ -213,10 +340,29 @@ pub struct Failure<'a> {
     pub tmp_prefix: &'a str,
     /// Version string of the project.
     pub version: &'a str,
+    /// All module names of the project (qualifiers stripped in traceback and behaviour issues).
+    pub modules: &'a [String],
 }
 
-/// Writes the issue text (title line, blank line, body).
+/// Writes the issue text (title line, blank line, body) in the import style.
 pub fn write_issue<R: Rng>(f: &Failure<'_>, rng: &mut R) -> String {
+    write_issue_styled(f, IssueStyle::Import, rng)
+}
+
+/// The exception line that ends a traceback (`ValueError: ...`), if any.
+fn exception_line(report: &str) -> Option<String> {
+    report
+        .lines()
+        .rev()
+        .find(|l| {
+            let t = l.trim();
+            !t.is_empty() && !l.starts_with(' ') && !t.starts_with("Traceback") && t.contains(':')
+        })
+        .map(|l| l.trim().to_string())
+}
+
+/// Writes the issue text (title line, blank line, body) in `style`.
+pub fn write_issue_styled<R: Rng>(f: &Failure<'_>, style: IssueStyle, rng: &mut R) -> String {
     // "test_x (tests.test_mod.TestClass.test_x)" -> class, name
     let dotted = f
         .test_id
@@ -231,12 +377,24 @@ pub fn write_issue<R: Rng>(f: &Failure<'_>, rng: &mut R) -> String {
         ("", "")
     };
     let (setup, body) = test_body(f.test_src, class, name);
-    let mut script: Vec<String> = vec![
-        format!("from {} import {}", f.package, f.module),
-        String::new(),
-    ];
-    script.extend(setup.iter().filter_map(|l| script_line(l)));
-    script.extend(body.iter().filter_map(|l| script_line(l)));
+    let plain = style != IssueStyle::Import;
+    let fix_line = |l: String| {
+        if plain {
+            strip_module_refs(&l, f.modules)
+        } else {
+            l
+        }
+    };
+    let mut script: Vec<String> = if plain {
+        Vec::new()
+    } else {
+        vec![
+            format!("from {} import {}", f.package, f.module),
+            String::new(),
+        ]
+    };
+    script.extend(setup.iter().filter_map(|l| script_line(l)).map(fix_line));
+    script.extend(body.iter().filter_map(|l| script_line(l)).map(fix_line));
     // The failing statement: the last test-file frame's code line.
     let mut stmt = String::new();
     let report = scrub_addresses(f.report);
@@ -257,7 +415,10 @@ pub fn write_issue<R: Rng>(f: &Failure<'_>, rng: &mut R) -> String {
         Some(s) if s.contains('(') && !s.starts_with('#') => s.trim().to_string(),
         _ => String::new(),
     };
-    let subject = if call.is_empty() {
+    let call = fix_line(call);
+    let subject = if call.is_empty() && plain {
+        format!("`{}`", f.package)
+    } else if call.is_empty() {
         format!("`{}.{}`", f.package, f.module)
     } else {
         format!("`{call}`")
@@ -294,31 +455,57 @@ pub fn write_issue<R: Rng>(f: &Failure<'_>, rng: &mut R) -> String {
     let title = titles.choose(rng).cloned().unwrap_or_default();
     let intro = intros.choose(rng).cloned().unwrap_or_default();
     let closing = closings.choose(rng).copied().unwrap_or("");
-    let mut text = format!(
-        "{title}\n\n{intro}\n\n```python\n{}\n```\n\n",
-        script.join("\n")
-    );
-    if is_error {
-        let project = format!("/home/user/{}/", f.package);
-        let shown_stmt = script
-            .iter()
-            .find(|l| !call.is_empty() && l.contains(&call))
-            .map(|l| l.split("  #").next().unwrap_or(l).trim().to_string())
-            .unwrap_or_else(|| stmt.clone());
-        let lineno = script
-            .iter()
-            .position(|l| !call.is_empty() && l.contains(&call))
-            .map(|k| k + 1)
-            .unwrap_or(3);
-        text.push_str(&format!(
-            "This fails with:\n\n```\n{}\n```\n",
-            script_traceback(&report, f.tmp_prefix, &project, &shown_stmt, lineno)
-        ));
-    } else {
-        match observed(&report) {
-            Some(o) if !call.is_empty() => text.push_str(&format!("For `{call}`: {o}\n")),
-            Some(o) => text.push_str(&format!("{o}\n")),
-            None => text.push_str("The output is not what the comments say it should be.\n"),
+    let project = format!("/home/user/{}/", f.package);
+    let shown_stmt = script
+        .iter()
+        .find(|l| !call.is_empty() && l.contains(&call))
+        .map(|l| l.split("  #").next().unwrap_or(l).trim().to_string())
+        .unwrap_or_else(|| {
+            if plain {
+                strip_module_refs(&stmt.replace("self.", ""), f.modules)
+            } else {
+                stmt.clone()
+            }
+        });
+    let lineno = script
+        .iter()
+        .position(|l| !call.is_empty() && l.contains(&call))
+        .map(|k| k + 1)
+        .unwrap_or(3);
+    let traceback = || script_traceback(&report, f.tmp_prefix, &project, &shown_stmt, lineno);
+    let observed_line = |text: &mut String| match observed(&report) {
+        Some(o) if !call.is_empty() => text.push_str(&format!("For `{call}`: {o}\n")),
+        Some(o) => text.push_str(&format!("{o}\n")),
+        None => text.push_str("The output is not what the comments say it should be.\n"),
+    };
+    let mut text = format!("{title}\n\n");
+    match style {
+        IssueStyle::Traceback => {
+            let lead = [
+                "I get this traceback:",
+                "Running our job now ends with:",
+                "After upgrading I see this:",
+            ];
+            let lead = lead.choose(rng).copied().unwrap_or("");
+            text.push_str(&format!("{lead}\n\n```\n{}\n```\n", traceback()));
+            if !is_error {
+                text.push('\n');
+                observed_line(&mut text);
+            }
+        }
+        IssueStyle::Import | IssueStyle::Behaviour => {
+            text.push_str(&format!(
+                "{intro}\n\n```python\n{}\n```\n\n",
+                script.join("\n")
+            ));
+            if is_error && style == IssueStyle::Import {
+                text.push_str(&format!("This fails with:\n\n```\n{}\n```\n", traceback()));
+            } else if is_error {
+                let exc = exception_line(&report).unwrap_or_else(|| "an exception".into());
+                text.push_str(&format!("It raises `{exc}` instead.\n"));
+            } else {
+                observed_line(&mut text);
+            }
         }
     }
     if !closing.is_empty() {

@@ -7,9 +7,15 @@
 //! added back by `test_patch`, as in SWE-bench), PASS_TO_PASS the rest, and the issue text is written
 //! from the failing behaviour by [`issue`]. Test ids follow [`runner`]'s canonical unittest form.
 //!
+//! Harder variants (all off by default, see [`SynthConfig`]): issue styles without the import line
+//! ([`issue::IssueStyle`]), distractor modules (near-duplicate copies of real modules under similar
+//! names, never imported by the tests) and multi-file bugs (two mutations in two modules, each of
+//! which alone breaks tests, so the gold patch must touch both files).
+//!
 //! The same seed gives byte-identical `instances.jsonl` and identical commits (python3 and git are
 //! needed at generation time).
 
+pub mod distractor;
 pub mod gitrepo;
 pub mod issue;
 pub mod mutate;
@@ -48,6 +54,9 @@ pub enum SynthError {
     /// Writing instances failed.
     #[error(transparent)]
     Instances(#[from] instance::InstanceError),
+    /// A setting is out of range.
+    #[error("synth config: {0}")]
+    Config(String),
 }
 
 /// Generator settings.
@@ -61,6 +70,12 @@ pub struct SynthConfig {
     pub per_repo: usize,
     /// Time limit of one test-suite run.
     pub test_timeout: Duration,
+    /// Mix of issue styles (default: import only).
+    pub issue_styles: issue::IssueStyles,
+    /// Share of instances whose bug spans two files (0..=1).
+    pub multi_file_fraction: f64,
+    /// Distractor modules per project: near-duplicate copies of real modules under similar names.
+    pub distractors: usize,
 }
 
 impl Default for SynthConfig {
@@ -70,7 +85,30 @@ impl Default for SynthConfig {
             seed: 0,
             per_repo: 3,
             test_timeout: Duration::from_secs(20),
+            issue_styles: issue::IssueStyles::default(),
+            multi_file_fraction: 0.0,
+            distractors: 0,
         }
+    }
+}
+
+impl SynthConfig {
+    /// Checks the settings (one-line error).
+    pub fn check(&self) -> Result<(), SynthError> {
+        self.issue_styles.check().map_err(SynthError::Config)?;
+        if !(0.0..=1.0).contains(&self.multi_file_fraction) {
+            return Err(SynthError::Config(format!(
+                "multi_file_fraction = {} must be in [0, 1]",
+                self.multi_file_fraction
+            )));
+        }
+        if self.distractors > 4 {
+            return Err(SynthError::Config(format!(
+                "distractors = {} must be at most 4",
+                self.distractors
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -83,6 +121,10 @@ pub struct SynthReport {
     pub operators: BTreeMap<String, usize>,
     /// Mutation candidates tried and rejected (no failing test, timeouts...).
     pub rejected: usize,
+    /// Instances per issue style.
+    pub styles: BTreeMap<String, usize>,
+    /// Instances whose bug spans two files.
+    pub multi_file: usize,
 }
 
 /// A generated project: its files (clean) and module layout.
@@ -321,13 +363,15 @@ type ProjectBugs = (Project, Vec<Draft>, usize);
 /// One generated bug before it is committed.
 #[derive(Debug, Clone)]
 struct Draft {
-    mutation: mutate::Mutation,
+    /// One mutation, or two in two files (a multi-file bug).
+    mutations: Vec<mutate::Mutation>,
     base: BTreeMap<String, String>,
     patch: String,
     test_patch: String,
     fail_to_pass: Vec<String>,
     pass_to_pass: Vec<String>,
     problem: String,
+    style: issue::IssueStyle,
 }
 
 fn split_id(id: &str) -> (String, String, String) {
@@ -358,13 +402,191 @@ fn patch_between(old: &BTreeMap<String, String>, new: &BTreeMap<String, String>)
     p.to_string()
 }
 
+/// Runs the suite with `muts` applied (one per file), restoring the files afterwards.
+fn trial(
+    dir: &Path,
+    proj: &Project,
+    muts: &[&mutate::Mutation],
+    timeout: Duration,
+) -> Result<runner::RunResult, SynthError> {
+    for m in muts {
+        let orig = proj.files.get(&m.path).map(|s| s.as_str()).unwrap_or("");
+        let full = dir.join(&m.path);
+        std::fs::write(&full, m.apply(orig)).map_err(|e| io_err(&full, e))?;
+    }
+    let run = runner::run_unittest(dir, timeout).map_err(|e| SynthError::Python(e.to_string()));
+    for m in muts {
+        let orig = proj.files.get(&m.path).map(|s| s.as_str()).unwrap_or("");
+        let full = dir.join(&m.path);
+        std::fs::write(&full, orig).map_err(|e| io_err(&full, e))?;
+    }
+    run
+}
+
+/// The failing tests of a trial when it makes a usable bug: some but not all tests fail, none
+/// time out, and the same tests ran as on the clean project.
+fn usable(run: &runner::RunResult, all_ids: &BTreeSet<String>) -> Option<BTreeSet<String>> {
+    let failing = run.failing();
+    let ids: BTreeSet<String> = run.outcomes.keys().cloned().collect();
+    if run.timed_out || failing.is_empty() || ids != *all_ids || failing.len() == all_ids.len() {
+        return None;
+    }
+    Some(failing.into_iter().collect())
+}
+
+/// What a draft is built from: the project, its scratch folder and the issue settings.
+struct DraftCtx<'a> {
+    proj: &'a Project,
+    dir: &'a Path,
+    all_ids: &'a BTreeSet<String>,
+    styles: issue::IssueStyles,
+}
+
+/// The issue text for one failing test of `pool` (traceback issues prefer a test that raised).
+fn issue_for(
+    ctx: &DraftCtx<'_>,
+    run: &runner::RunResult,
+    pool: &BTreeSet<String>,
+    style: issue::IssueStyle,
+    rng: &mut ChaCha8Rng,
+) -> String {
+    let fail_list: Vec<&String> = pool.iter().collect();
+    let raised: Vec<&String> = fail_list
+        .iter()
+        .copied()
+        .filter(|t| run.outcomes.get(*t) == Some(&runner::Outcome::Error))
+        .collect();
+    let from = if style == issue::IssueStyle::Traceback && !raised.is_empty() {
+        &raised
+    } else {
+        &fail_list
+    };
+    let chosen = from.choose(rng).map(|s| s.as_str()).unwrap_or("");
+    let (tfile, _, _) = split_id(chosen);
+    let proj = ctx.proj;
+    let module = proj
+        .modules
+        .iter()
+        .find(|mm| mm.1 == tfile)
+        .map(|mm| mm.2.clone())
+        .unwrap_or_default();
+    let names: Vec<String> = proj.modules.iter().map(|m| m.2.clone()).collect();
+    let report = run.reports.get(chosen).cloned().unwrap_or_default();
+    let prefix = format!("{}/", ctx.dir.display());
+    let failure = issue::Failure {
+        package: &proj.package,
+        module: &module,
+        test_src: proj.files.get(&tfile).map(|s| s.as_str()).unwrap_or(""),
+        test_id: chosen,
+        report: &report,
+        tmp_prefix: &prefix,
+        version: &proj.version,
+        modules: &names,
+    };
+    issue::write_issue_styled(&failure, style, rng)
+}
+
+/// Builds a draft from accepted mutations, the run with all of them applied and the failing
+/// tests each one causes alone (the issue describes one failure per mutation).
+fn make_draft(
+    ctx: &DraftCtx<'_>,
+    muts: Vec<mutate::Mutation>,
+    run: &runner::RunResult,
+    parts: &[BTreeSet<String>],
+    rng: &mut ChaCha8Rng,
+) -> Option<Draft> {
+    let proj = ctx.proj;
+    let f2p = usable(run, ctx.all_ids)?;
+    let p2p: Vec<String> = ctx
+        .all_ids
+        .iter()
+        .filter(|i| !f2p.contains(*i))
+        .cloned()
+        .collect();
+    // Base tree: the bug, and test files without the failing tests.
+    let mut drop_by_file: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
+    for id in &f2p {
+        let (file, class, name) = split_id(id);
+        drop_by_file.entry(file).or_default().insert((class, name));
+    }
+    let mut base = proj.files.clone();
+    for m in &muts {
+        let orig = proj.files.get(&m.path)?;
+        base.insert(m.path.clone(), m.apply(orig));
+    }
+    for (file, drop) in &drop_by_file {
+        if let Some(src) = proj.files.get(file) {
+            base.insert(file.clone(), remove_tests(src, drop));
+        }
+    }
+    let mut with_tests = base.clone();
+    for file in drop_by_file.keys() {
+        if let Some(src) = proj.files.get(file) {
+            with_tests.insert(file.clone(), src.clone());
+        }
+    }
+    let test_patch = patch_between(&base, &with_tests);
+    let patch = patch_between(&with_tests, &proj.files);
+    let style = ctx.styles.pick(rng);
+    let mut problem = issue_for(ctx, run, parts.first().unwrap_or(&f2p), style, rng);
+    for part in parts.iter().skip(1) {
+        let more = issue_for(ctx, run, part, style, rng);
+        let body = more.split_once("\n\n").map(|x| x.1).unwrap_or(&more);
+        problem.push_str(&format!(
+            "\nThere is a second problem, maybe related:\n\n{body}"
+        ));
+    }
+    Some(Draft {
+        mutations: muts,
+        base,
+        patch,
+        test_patch,
+        fail_to_pass: f2p.into_iter().collect(),
+        pass_to_pass: p2p,
+        problem,
+        style,
+    })
+}
+
+/// Mutation candidates of a project, grouped by operator, shuffled and taken round-robin.
+fn candidate_queue(proj: &Project, rng: &mut ChaCha8Rng) -> Vec<mutate::Mutation> {
+    let mut by_op: BTreeMap<&'static str, Vec<mutate::Mutation>> = BTreeMap::new();
+    for (mpath, _, _) in &proj.modules {
+        if let Some(src) = proj.files.get(mpath) {
+            for m in mutate::candidates(mpath, src) {
+                by_op.entry(m.operator).or_default().push(m);
+            }
+        }
+    }
+    let mut ops: Vec<(&'static str, Vec<mutate::Mutation>)> = by_op.into_iter().collect();
+    for (_, v) in ops.iter_mut() {
+        v.shuffle(rng);
+    }
+    ops.shuffle(rng);
+    let mut queue = Vec::new();
+    let longest = ops.iter().map(|o| o.1.len()).max().unwrap_or(0);
+    for k in 0..longest {
+        for (_, v) in &ops {
+            if let Some(m) = v.get(k) {
+                queue.push(m.clone());
+            }
+        }
+    }
+    queue
+}
+
+/// Whether the next draft is a multi-file bug (draws nothing when the fraction is 0).
+fn draw_multi(cfg: &SynthConfig, rng: &mut ChaCha8Rng) -> bool {
+    cfg.multi_file_fraction > 0.0 && rng.random::<f64>() < cfg.multi_file_fraction
+}
+
 /// Generates up to `count` bugs for a project; returns them and the number of rejected candidates.
 fn bugs_for_project(
     proj: &Project,
-    seed: u64,
+    cfg: &SynthConfig,
     count: usize,
-    timeout: Duration,
 ) -> Result<(Vec<Draft>, usize), SynthError> {
+    let timeout = cfg.test_timeout;
     let scratch = tempfile::tempdir().map_err(|e| io_err(Path::new("tmp"), e))?;
     let dir = scratch.path();
     write_tree(dir, &proj.files)?;
@@ -384,114 +606,71 @@ fn bugs_for_project(
             proj.package
         )));
     }
-    let mut rng = project_rng(seed, proj.index, 2);
-    // Candidates grouped by operator, shuffled, then taken round-robin for variety.
-    let mut by_op: BTreeMap<&'static str, Vec<mutate::Mutation>> = BTreeMap::new();
-    for (mpath, _, _) in &proj.modules {
-        if let Some(src) = proj.files.get(mpath) {
-            for m in mutate::candidates(mpath, src) {
-                by_op.entry(m.operator).or_default().push(m);
-            }
-        }
-    }
-    let mut ops: Vec<(&'static str, Vec<mutate::Mutation>)> = by_op.into_iter().collect();
-    for (_, v) in ops.iter_mut() {
-        v.shuffle(&mut rng);
-    }
-    ops.shuffle(&mut rng);
-    let mut queue = Vec::new();
-    let longest = ops.iter().map(|o| o.1.len()).max().unwrap_or(0);
-    for k in 0..longest {
-        for (_, v) in &ops {
-            if let Some(m) = v.get(k) {
-                queue.push(m.clone());
-            }
-        }
-    }
+    let mut rng = project_rng(cfg.seed, proj.index, 2);
+    let queue = candidate_queue(proj, &mut rng);
+    let ctx = DraftCtx {
+        proj,
+        dir,
+        all_ids: &all_ids,
+        styles: cfg.issue_styles,
+    };
     let mut drafts = Vec::new();
     let mut rejected = 0;
     let mut used_functions = BTreeSet::new();
+    // The first half of a multi-file bug, waiting for a partner in another file.
+    let mut pending: Option<(mutate::Mutation, BTreeSet<String>, runner::RunResult)> = None;
+    let mut want_multi = draw_multi(cfg, &mut rng);
     for m in queue {
         if drafts.len() >= count || rejected > 60 + 20 * count {
             break;
         }
-        if used_functions.contains(&(m.path.clone(), m.function.clone())) {
+        if used_functions.contains(&(m.path.clone(), m.function.clone()))
+            || pending.as_ref().is_some_and(|p| p.0.path == m.path)
+        {
             continue;
         }
-        let Some(orig) = proj.files.get(&m.path) else {
-            continue;
-        };
-        let mutated = m.apply(orig);
-        let full = dir.join(&m.path);
-        std::fs::write(&full, &mutated).map_err(|e| io_err(&full, e))?;
-        let run = runner::run_unittest(dir, timeout).map_err(|e| SynthError::Python(e.to_string()));
-        std::fs::write(&full, orig).map_err(|e| io_err(&full, e))?;
-        let run = run?;
-        let failing = run.failing();
-        let ids: BTreeSet<String> = run.outcomes.keys().cloned().collect();
-        if run.timed_out || failing.is_empty() || ids != all_ids || failing.len() == all_ids.len() {
+        let run = trial(dir, proj, &[&m], timeout)?;
+        let Some(failing) = usable(&run, &all_ids) else {
             rejected += 1;
             continue;
-        }
-        let f2p: BTreeSet<String> = failing.iter().cloned().collect();
-        let p2p: Vec<String> = all_ids
-            .iter()
-            .filter(|i| !f2p.contains(*i))
-            .cloned()
-            .collect();
-        // Base tree: the bug, and test files without the failing tests.
-        let mut drop_by_file: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
-        for id in &f2p {
-            let (file, class, name) = split_id(id);
-            drop_by_file.entry(file).or_default().insert((class, name));
-        }
-        let mut base = proj.files.clone();
-        base.insert(m.path.clone(), mutated.clone());
-        for (file, drop) in &drop_by_file {
-            if let Some(src) = proj.files.get(file) {
-                base.insert(file.clone(), remove_tests(src, drop));
-            }
-        }
-        let mut with_tests = base.clone();
-        for file in drop_by_file.keys() {
-            if let Some(src) = proj.files.get(file) {
-                with_tests.insert(file.clone(), src.clone());
-            }
-        }
-        let test_patch = patch_between(&base, &with_tests);
-        let patch = patch_between(&with_tests, &proj.files);
-        // The issue, from one failing test.
-        let fail_list: Vec<&String> = f2p.iter().collect();
-        let chosen = fail_list.choose(&mut rng).map(|s| s.as_str()).unwrap_or("");
-        let (tfile, _, _) = split_id(chosen);
-        let module = proj
-            .modules
-            .iter()
-            .find(|mm| mm.1 == tfile)
-            .map(|mm| mm.2.clone())
-            .unwrap_or_default();
-        let report = run.reports.get(chosen).cloned().unwrap_or_default();
-        let prefix = format!("{}/", dir.display());
-        let failure = issue::Failure {
-            package: &proj.package,
-            module: &module,
-            test_src: proj.files.get(&tfile).map(|s| s.as_str()).unwrap_or(""),
-            test_id: chosen,
-            report: &report,
-            tmp_prefix: &prefix,
-            version: &proj.version,
         };
-        let problem = issue::write_issue(&failure, &mut rng);
-        used_functions.insert((m.path.clone(), m.function.clone()));
-        drafts.push(Draft {
-            mutation: m,
-            base,
-            patch,
-            test_patch,
-            fail_to_pass: f2p.into_iter().collect(),
-            pass_to_pass: p2p,
-            problem,
-        });
+        if !want_multi {
+            used_functions.insert((m.path.clone(), m.function.clone()));
+            drafts.extend(make_draft(&ctx, vec![m], &run, &[failing], &mut rng));
+            want_multi = draw_multi(cfg, &mut rng);
+            continue;
+        }
+        let Some((first, f1, run1)) = pending.take() else {
+            pending = Some((m, failing, run));
+            continue;
+        };
+        // Both must still break their own tests together: then fixing one file leaves the
+        // other's failures, so the gold patch needs both.
+        let both = trial(dir, proj, &[&first, &m], timeout)?;
+        match usable(&both, &all_ids) {
+            Some(f) if f1.is_subset(&f) && failing.is_subset(&f) => {
+                used_functions.insert((first.path.clone(), first.function.clone()));
+                used_functions.insert((m.path.clone(), m.function.clone()));
+                drafts.extend(make_draft(
+                    &ctx,
+                    vec![first, m],
+                    &both,
+                    &[f1, failing],
+                    &mut rng,
+                ));
+                want_multi = draw_multi(cfg, &mut rng);
+            }
+            _ => {
+                rejected += 1;
+                pending = Some((first, f1, run1));
+            }
+        }
+    }
+    // No partner found: the first half stands alone.
+    if let Some((first, f1, run1)) = pending {
+        if drafts.len() < count {
+            drafts.extend(make_draft(&ctx, vec![first], &run1, &[f1], &mut rng));
+        }
     }
     Ok((drafts, rejected))
 }
@@ -519,6 +698,7 @@ pub fn generate(
     out: &Path,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<SynthReport, SynthError> {
+    cfg.check()?;
     check_python()?;
     let repos = out.join("repos");
     std::fs::create_dir_all(&repos).map_err(|e| io_err(&repos, e))?;
@@ -534,8 +714,12 @@ pub fn generate(
         let results: Vec<Result<ProjectBugs, SynthError>> = indices
             .par_iter()
             .map(|&i| {
-                let proj = build_project(cfg.seed, i);
-                let (drafts, rej) = bugs_for_project(&proj, cfg.seed, per, cfg.test_timeout)?;
+                let mut proj = build_project(cfg.seed, i);
+                if cfg.distractors > 0 {
+                    let mut rng = project_rng(cfg.seed, i, 3);
+                    distractor::add_distractors(&mut proj, cfg.distractors, &mut rng);
+                }
+                let (drafts, rej) = bugs_for_project(&proj, cfg, per)?;
                 done.fetch_add(drafts.len(), std::sync::atomic::Ordering::Relaxed);
                 progress(done.load(std::sync::atomic::Ordering::Relaxed));
                 Ok((proj, drafts, rej))
@@ -569,20 +753,29 @@ pub fn generate(
                 if k == 0 {
                     gitrepo::set_head(&mirror, &branch).map_err(SynthError::Git)?;
                 }
+                let Some(first) = d.mutations.first() else {
+                    continue;
+                };
                 let mut extra = serde_json::Map::new();
                 extra.insert(
                     "synth".into(),
                     serde_json::json!({
                         "seed": cfg.seed,
-                        "operator": d.mutation.operator,
-                        "file": d.mutation.path,
-                        "function": d.mutation.function,
+                        "operator": first.operator,
+                        "file": first.path,
+                        "function": first.function,
+                        "files": d.mutations.iter().map(|m| m.path.as_str()).collect::<Vec<_>>(),
+                        "functions": d.mutations.iter().map(|m| m.function.as_str()).collect::<Vec<_>>(),
+                        "style": d.style.name(),
                     }),
                 );
-                *report
-                    .operators
-                    .entry(d.mutation.operator.to_string())
-                    .or_default() += 1;
+                for m in &d.mutations {
+                    *report.operators.entry(m.operator.to_string()).or_default() += 1;
+                }
+                *report.styles.entry(d.style.name().to_string()).or_default() += 1;
+                if d.mutations.len() > 1 {
+                    report.multi_file += 1;
+                }
                 let day = g / 24;
                 report.instances.push(Instance {
                     instance_id: format!("{}-{}", instance::repo_dir_name(&proj.repo), k + 1),
