@@ -105,10 +105,14 @@ fn eval_on<B: Backend>(be: &B, dev: &DeviceInfo, a: EvalArgs) -> Result<()> {
     };
     let t0 = std::time::Instant::now();
     let mut suites = RegressionSuites::new(a.regression_cache.clone());
-    let (outcomes, summary) =
-        evaluate_with(&mut ans, &instances, &a.repos, &cfg, &mut suites, &mut |s| {
-            eprintln!("{s}")
-        })?;
+    let (outcomes, summary) = evaluate_with(
+        &mut ans,
+        &instances,
+        &a.repos,
+        &cfg,
+        &mut suites,
+        &mut |s| eprintln!("{s}"),
+    )?;
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "eval: {} instances in {secs:.1} s ({:.2} s per instance)",

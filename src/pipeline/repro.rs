@@ -776,10 +776,14 @@ fn evaluate_stage<B: Backend>(
     };
     // Regression suites (tests passing at each base commit) are found once per run.
     let mut suites = RegressionSuites::new(Some(ctx.out.join("regression-cache")));
-    let (outcomes, pipeline) =
-        evaluate_with(&mut ans, ctx.test, ctx.repos, &ecfg, &mut suites, &mut |s| {
-            status.detail(format!("evaluation: {name}: {s}"))
-        })?;
+    let (outcomes, pipeline) = evaluate_with(
+        &mut ans,
+        ctx.test,
+        ctx.repos,
+        &ecfg,
+        &mut suites,
+        &mut |s| status.detail(format!("evaluation: {name}: {s}")),
+    )?;
     let preds = ctx
         .out
         .join(format!("predictions_{}.jsonl", name.replace('+', "_")));

@@ -361,9 +361,10 @@ pub fn evaluate_with(
                 continue;
             }
             let ans = crate::rft::localize::merge(stage, &outs[k]);
-            outcomes[i]
-                .rewards
-                .insert(stage.name().into(), rec.reward(&ans, cfg.edit_reward).reward);
+            outcomes[i].rewards.insert(
+                stage.name().into(),
+                rec.reward(&ans, cfg.edit_reward).reward,
+            );
             recs[i] = next_from_prediction(&instances[i], &snaps[i], &rec, &ans);
             outcomes[i].answers.insert(stage.name().into(), ans);
         }
@@ -375,7 +376,15 @@ pub fn evaluate_with(
         t0.elapsed().as_secs_f64()
     ));
     if cfg.run_tests {
-        test_and_select(instances, repos, cfg, suites, &samples, &mut outcomes, on_stage)?;
+        test_and_select(
+            instances,
+            repos,
+            cfg,
+            suites,
+            &samples,
+            &mut outcomes,
+            on_stage,
+        )?;
     } else {
         for (o, s) in outcomes.iter_mut().zip(&samples) {
             let cands = candidates(&s.patches, &|_| Some(0));

@@ -137,7 +137,10 @@ mod tests {
         let m = merge(Subtask::Function, &[f("g"), f("h"), f("g")]);
         let got = answer::parse_functions(&m);
         assert_eq!(got.len(), 1, "{m}");
-        assert_eq!((got[0].path.as_str(), got[0].name.as_str()), ("pkg/a.py", "g"));
+        assert_eq!(
+            (got[0].path.as_str(), got[0].name.as_str()),
+            ("pkg/a.py", "g")
+        );
         let l = |n: usize| format!("```\npkg/a.py\nline: {n}\n```");
         let m = merge(Subtask::Line, &[l(3), l(7), l(7), l(3)]);
         let lines: Vec<usize> = answer::parse_lines(&m).iter().map(|x| x.line).collect();

@@ -186,7 +186,7 @@ mod tests {
         st.insert("t.py::b".into(), TestStatus::Failed);
         st.insert("t.py::c".into(), TestStatus::Skipped);
         st.insert("t.py::e".into(), TestStatus::Failed); // not a regression test
-        // b fails, d is missing.
+                                                         // b fails, d is missing.
         assert_eq!(broken(&parser, &suite, &st), 2);
         assert_eq!(passing(&parser, &st).len(), 1);
     }
