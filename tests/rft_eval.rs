@@ -102,7 +102,8 @@ fn an_oracle_resolves_everything_and_silence_resolves_nothing() {
 }
 
 /// Localizes like the oracle; its edits are two copies of a wrong (but applying) edit of a line
-/// that is not a ground-truth line, then the gold edit: majority selection picks the wrong one.
+/// that is not a ground-truth line (the greedy edit and the first sample), then the gold edit:
+/// majority selection picks the wrong one.
 struct OutVoted;
 
 impl Answerer for OutVoted {
@@ -137,7 +138,11 @@ impl Answerer for OutVoted {
                     })
                 });
                 let wrong = wrong.unwrap_or_default();
-                vec![wrong.clone(), wrong, g[0].clone()]
+                if t == 0.0 {
+                    vec![wrong]
+                } else {
+                    vec![wrong, g[0].clone()].into_iter().take(n).collect()
+                }
             })
             .collect())
     }
@@ -169,4 +174,83 @@ fn the_edit_hit_is_the_selected_patch_and_the_oracle_is_reported_apart() {
         "{sum:?}"
     );
     assert_eq!(sum.hit_rate["edit"], 0.0, "{sum:?}");
+}
+
+/// Answers like the oracle, except that the greedy file localization names a wrong file: only
+/// merging several localization samples (the sampled ones agree on the right file) finds it.
+struct WrongGreedyFile;
+
+impl Answerer for WrongGreedyFile {
+    fn answer(
+        &mut self,
+        recs: &[&SubtaskRecord],
+        n: usize,
+        t: f32,
+        s: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        let gold = Oracle.answer(recs, n, t, s)?;
+        Ok(recs
+            .iter()
+            .zip(gold)
+            .map(|(r, g)| {
+                if r.subtask != Subtask::File || t > 0.0 {
+                    return g;
+                }
+                let wrong = r
+                    .shown
+                    .files
+                    .iter()
+                    .find(|f| !r.truth.files.contains(f))
+                    .cloned()
+                    .unwrap_or_default();
+                vec![format!("```\n{wrong}\n```"); n]
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn merged_localization_samples_outvote_a_wrong_greedy_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = generate(
+        &SynthConfig {
+            n: 3,
+            seed: 21,
+            ..Default::default()
+        },
+        dir.path(),
+        &|_| {},
+    )
+    .unwrap();
+    let repos = dir.path().join("repos");
+    let mut cfg = EvalConfig {
+        edit_samples: 1,
+        loc_samples: 1,
+        run_tests: false,
+        ..Default::default()
+    };
+    let (_, greedy) = evaluate(
+        &mut WrongGreedyFile,
+        &report.instances,
+        &repos,
+        &cfg,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(greedy.hit_rate["file"], 0.0, "{greedy:?}");
+    cfg.loc_samples = 3;
+    let (outs, merged) = evaluate(
+        &mut WrongGreedyFile,
+        &report.instances,
+        &repos,
+        &cfg,
+        &mut |_| {},
+    )
+    .unwrap();
+    for st in ["file", "function", "line", "edit"] {
+        assert_eq!(merged.hit_rate[st], 100.0, "{st}: {merged:?}");
+    }
+    assert_eq!(merged.applied_pct, 100.0, "{outs:?}");
+    // Without tests there is no %Resolved curve.
+    assert!(merged.resolved_curve.is_empty());
 }

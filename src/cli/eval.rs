@@ -9,7 +9,8 @@ use clap::Args;
 use sorft::engine::device::DeviceInfo;
 use sorft::engine::Backend;
 use sorft::model::load_dir;
-use sorft::rft::eval::{evaluate, EvalConfig, ModelAnswerer};
+use sorft::rft::eval::{evaluate_with, EvalConfig, ModelAnswerer};
+use sorft::rft::regression::RegressionSuites;
 use sorft::swe::instance::read_jsonl;
 
 use super::device::{run_on, DeviceArgs, Job};
@@ -29,10 +30,14 @@ pub struct EvalArgs {
     /// Predictions in SWE-bench's format are written here; a summary and per-instance answers beside it.
     #[arg(long, default_value = "predictions.jsonl")]
     pub out: PathBuf,
-    /// Edit samples per instance.
-    #[arg(long, default_value_t = 4)]
+    /// Edit samples per instance: the greedy edit, then samples at --temperature; %Resolved is
+    /// also reported for the first 1, 2, 4, ... of them.
+    #[arg(long, default_value_t = 8)]
     pub samples: usize,
-    /// Temperature of the edit samples.
+    /// Localization answers per stage (greedy, then samples at --temperature), merged by votes.
+    #[arg(long, default_value_t = 4)]
+    pub loc_samples: usize,
+    /// Temperature of the sampled edits and localizations.
     #[arg(long, default_value_t = 0.8)]
     pub temperature: f32,
     /// Most new tokens per answer.
@@ -50,6 +55,10 @@ pub struct EvalArgs {
     /// Let localization answers name targets the chain of thought did not quote
     #[arg(long)]
     pub no_faithful: bool,
+    /// Folder keeping each repository's regression tests (those passing at the base commit)
+    /// between runs; by default they are found again every run.
+    #[arg(long)]
+    pub regression_cache: Option<PathBuf>,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -59,6 +68,9 @@ pub struct EvalArgs {
 
 /// Runs `sorft eval`.
 pub fn run(a: EvalArgs) -> Result<()> {
+    if a.samples == 0 || a.loc_samples == 0 {
+        anyhow::bail!("--samples and --loc-samples must be at least 1");
+    }
     run_on(a.device, a)
 }
 
@@ -76,6 +88,7 @@ fn eval_on<B: Backend>(be: &B, dev: &DeviceInfo, a: EvalArgs) -> Result<()> {
     let instances = read_jsonl(&a.instances)?;
     let cfg = EvalConfig {
         edit_samples: a.samples,
+        loc_samples: a.loc_samples,
         temperature: a.temperature,
         max_new_tokens: a.max_new_tokens,
         run_tests: !a.no_tests,
@@ -90,9 +103,25 @@ fn eval_on<B: Backend>(be: &B, dev: &DeviceInfo, a: EvalArgs) -> Result<()> {
         tok: &tok,
         cfg: &cfg,
     };
-    let (outcomes, summary) = evaluate(&mut ans, &instances, &a.repos, &cfg, &mut |s| {
-        eprintln!("{s}")
-    })?;
+    let t0 = std::time::Instant::now();
+    let mut suites = RegressionSuites::new(a.regression_cache.clone());
+    let (outcomes, summary) = evaluate_with(
+        &mut ans,
+        &instances,
+        &a.repos,
+        &cfg,
+        &mut suites,
+        &mut |s| eprintln!("{s}"),
+    )?;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "eval: {} instances in {secs:.1} s ({:.2} s per instance)",
+        instances.len(),
+        secs / instances.len().max(1) as f64
+    );
+    for (k, r) in &summary.resolved_curve {
+        eprintln!("eval: %Resolved with {k} edit samples: {r:.1}");
+    }
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&a.out).with_context(|| a.out.display().to_string())?,
     );

@@ -260,6 +260,24 @@ pub fn bar_chart(
     svg
 }
 
+/// %Resolved against the number of edit samples the selection saw, one line per stage
+/// (`curves`: stage name, then (samples, %Resolved) points).
+pub fn resolved_curve_chart(curves: &[(String, Vec<(usize, f64)>)]) -> String {
+    let series: Vec<Series> = curves
+        .iter()
+        .map(|(name, pts)| Series {
+            name: name.clone(),
+            points: pts.iter().map(|&(k, r)| (k as f64, r)).collect(),
+        })
+        .collect();
+    line_chart(
+        "%Resolved against edit samples (prefixes of one sample set)",
+        "edit samples",
+        "% resolved",
+        &series,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +295,18 @@ mod tests {
         assert!(svg.contains(&format!("{:.1},", LEFT)));
         assert!(svg.contains(&format!("{:.1},", W - RIGHT)));
         assert!(!svg.contains("NaN"));
+    }
+
+    #[test]
+    fn resolved_curve_has_one_line_per_stage_over_the_sample_counts() {
+        let svg = resolved_curve_chart(&[
+            ("sft".into(), vec![(1, 0.0), (2, 10.0), (4, 20.0)]),
+            ("sft+rl".into(), vec![(1, 5.0), (2, 15.0), (4, 30.0)]),
+        ]);
+        assert!(svg.contains("edit samples") && svg.contains("sft+rl"));
+        // 1 sample maps to the left edge, 4 to the right edge.
+        assert!(svg.contains(&format!("{:.1},", LEFT)));
+        assert!(svg.contains(&format!("{:.1},", W - RIGHT)));
     }
 
     #[test]

@@ -28,7 +28,8 @@ use crate::pipeline::compare::{
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
 use crate::rft::accept::{execution_passes, EditAcceptance};
-use crate::rft::eval::{evaluate, EvalSummary, ModelAnswerer};
+use crate::rft::eval::{evaluate_with, EvalSummary, ModelAnswerer};
+use crate::rft::regression::RegressionSuites;
 use crate::rft::rl::{zero_reason_name, RlItem, RlMetrics};
 use crate::rft::rl_run::RlRun;
 use crate::rft::teacher::{
@@ -799,9 +800,16 @@ fn evaluate_stage<B: Backend>(
         tok: &tok,
         cfg: &ecfg,
     };
-    let (outcomes, pipeline) = evaluate(&mut ans, ctx.test, ctx.repos, &ecfg, &mut |s| {
-        status.detail(format!("evaluation: {name}: {s}"))
-    })?;
+    // Regression suites (tests passing at each base commit) are found once per run.
+    let mut suites = RegressionSuites::new(Some(ctx.out.join("regression-cache")));
+    let (outcomes, pipeline) = evaluate_with(
+        &mut ans,
+        ctx.test,
+        ctx.repos,
+        &ecfg,
+        &mut suites,
+        &mut |s| status.detail(format!("evaluation: {name}: {s}")),
+    )?;
     let preds = ctx
         .out
         .join(format!("predictions_{}.jsonl", name.replace('+', "_")));
@@ -904,6 +912,35 @@ fn stage_deltas(stages: &[StageResult], seed: u64) -> Vec<Delta> {
         }
     }
     out
+}
+
+/// The table of %Resolved against edit samples (and resolved_curve.svg); empty without tests.
+fn resolved_curve_section(out: &Path, stages: &[StageResult]) -> anyhow::Result<String> {
+    let curves: Vec<(String, Vec<(usize, f64)>)> = stages
+        .iter()
+        .filter(|r| !r.pipeline.resolved_curve.is_empty())
+        .map(|r| (r.stage.clone(), r.pipeline.resolved_curve.clone()))
+        .collect();
+    let Some((_, first)) = curves.first() else {
+        return Ok(String::new());
+    };
+    write_text(
+        &out.join("resolved_curve.svg"),
+        &crate::pipeline::plot::resolved_curve_chart(&curves),
+    )?;
+    let mut md = String::from("\n## %Resolved against edit samples\n\nThe patch selected among the first k samples (greedy first; one set of samples, prefixes), regression tests found by running each repository's tests at its base commit. Plot: resolved_curve.svg.\n\n| stage |");
+    for (k, _) in first {
+        md.push_str(&format!(" {k} |"));
+    }
+    md.push_str(&format!("\n|---|{}\n", "---|".repeat(first.len())));
+    for (stage, pts) in &curves {
+        md.push_str(&format!("| {stage} |"));
+        for (_, r) in pts {
+            md.push_str(&format!(" {r:.1} |"));
+        }
+        md.push('\n');
+    }
+    Ok(md)
 }
 
 fn write_report(
@@ -1057,6 +1094,7 @@ fn write_report(
             r.pipeline.resolved_pct
         ));
     }
+    md.push_str(&resolved_curve_section(out, &s.stages)?);
     if s.stages
         .iter()
         .any(|r| !r.constrained_subtask_reward.is_empty())

@@ -1,10 +1,13 @@
 //! Evaluation with the Agentless pipeline, end to end: file -> function -> line localization
-//! (greedy, each stage's prompt built from the previous prediction) -> `n` sampled edits ->
-//! apply -> repository tests in the sandbox -> selection (fewest broken existing tests, then
-//! majority over normalised patches) -> %Applied, %Resolved and per-subtask hit rates.
+//! (each stage a greedy answer plus samples, merged by votes ([`crate::rft::localize`]), its
+//! prompt built from the previous stage's merged prediction) -> `n` edits (greedy plus samples)
+//! -> apply -> regression tests (the repository's tests that pass at the base commit, found by
+//! running them: [`crate::rft::regression`]) -> selection (fewest broken regression tests, then
+//! majority over normalised patches) -> grading in the sandbox -> %Applied, %Resolved, %Resolved
+//! against the number of edit samples (prefixes of one set of samples) and per-subtask hit rates.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +16,7 @@ use crate::engine::{Backend, SamplingParams};
 use crate::model::chat::{self, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::{Model, Tokenizer};
+use crate::rft::regression::{failing_regression, RegressionSuites, Suite};
 use crate::rft::select::{select, Candidate};
 use crate::sandbox::runner::{run_instance, MirrorRepos, SandboxConfig};
 use crate::swe::answer;
@@ -26,9 +30,12 @@ use crate::swe::truth::ground_truth;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalConfig {
-    /// Edit samples per instance.
+    /// Edit samples per instance: the greedy edit, then samples at `temperature`.
     pub edit_samples: usize,
-    /// Temperature of the edit samples (localization is greedy).
+    /// Localization answers per stage (file, function, line): the greedy one, then samples at
+    /// `temperature`, merged by votes; 1 is the greedy chain alone.
+    pub loc_samples: usize,
+    /// Temperature of the sampled (non-greedy) edits and localizations.
     pub temperature: f32,
     /// Most new tokens per answer.
     pub max_new_tokens: usize,
@@ -64,6 +71,7 @@ impl Default for EvalConfig {
     fn default() -> Self {
         Self {
             edit_samples: 4,
+            loc_samples: 1,
             temperature: 0.8,
             max_new_tokens: 128,
             max_prompt_tokens: 3072,
@@ -96,6 +104,10 @@ pub struct InstanceOutcome {
     pub applied: bool,
     /// Whether the chosen patch resolved the instance.
     pub resolved: bool,
+    /// Whether the patch chosen among the first k edit samples resolved the instance, by k
+    /// (1, 2, 4, ..., n); empty when the tests were not run.
+    #[serde(default)]
+    pub resolved_at: BTreeMap<usize, bool>,
 }
 
 /// Totals of an evaluation, as in SoRFT's tables (percentages).
@@ -111,6 +123,10 @@ pub struct EvalSummary {
     pub applied_pct: f64,
     /// Instances resolved.
     pub resolved_pct: f64,
+    /// %Resolved against the number of edit samples the selection saw (prefixes of one set of
+    /// samples): (samples, %Resolved); empty when the tests were not run.
+    #[serde(default)]
+    pub resolved_curve: Vec<(usize, f64)>,
 }
 
 /// Something that answers subtask records (a model, or a test oracle).
@@ -124,6 +140,30 @@ pub trait Answerer {
         temperature: f32,
         salt: u64,
     ) -> anyhow::Result<Vec<Vec<String>>>;
+
+    /// `n` answers per record: the greedy one first, then `n - 1` sampled at `temperature`
+    /// (an empty list when the prompt does not fit). By default two calls of [`Self::answer`].
+    fn answer_greedy_first(
+        &mut self,
+        recs: &[&SubtaskRecord],
+        n: usize,
+        temperature: f32,
+        salt: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        let mut out = self.answer(recs, 1, 0.0, salt)?;
+        for o in &mut out {
+            o.truncate(1);
+        }
+        if n > 1 {
+            let more = self.answer(recs, n - 1, temperature, salt)?;
+            for (o, m) in out.iter_mut().zip(more) {
+                if !o.is_empty() {
+                    o.extend(m.into_iter().take(n - 1));
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// A model answering through the chat template and the generation engine.
@@ -136,12 +176,14 @@ pub struct ModelAnswerer<'a, B: Backend> {
     pub cfg: &'a EvalConfig,
 }
 
-impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
-    fn answer(
+impl<B: Backend> ModelAnswerer<'_, B> {
+    /// `n` answers per record, answer k at temperature `temp(k)`, in one generation call (the
+    /// answers of one prompt are adjacent, so they share its prefill).
+    fn generate_answers(
         &mut self,
         recs: &[&SubtaskRecord],
         n: usize,
-        temperature: f32,
+        temp: &dyn Fn(usize) -> f32,
         salt: u64,
     ) -> anyhow::Result<Vec<Vec<String>>> {
         let (model, tok, cfg) = (self.model, self.tok, self.cfg);
@@ -163,6 +205,7 @@ impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
                 cfg.faithful,
             );
             for k in 0..n {
+                let temperature = temp(k);
                 reqs.push(GenRequest {
                     prompt: ids.clone(),
                     params: SamplingParams {
@@ -202,6 +245,29 @@ impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
     }
 }
 
+impl<B: Backend> Answerer for ModelAnswerer<'_, B> {
+    fn answer(
+        &mut self,
+        recs: &[&SubtaskRecord],
+        n: usize,
+        temperature: f32,
+        salt: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        self.generate_answers(recs, n, &|_| temperature, salt)
+    }
+
+    fn answer_greedy_first(
+        &mut self,
+        recs: &[&SubtaskRecord],
+        n: usize,
+        temperature: f32,
+        salt: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        let temp = move |k: usize| if k == 0 { 0.0 } else { temperature };
+        self.generate_answers(recs, n, &temp, salt)
+    }
+}
+
 /// The unified diff of an edit answer applied to an edit record's windows, if it applies.
 pub fn edit_to_patch(rec: &SubtaskRecord, answer_text: &str) -> Option<String> {
     let blocks = answer::parse_edit(answer_text);
@@ -231,12 +297,34 @@ pub fn sandbox_config(timeout: f64) -> anyhow::Result<SandboxConfig> {
     })
 }
 
-/// Runs the whole pipeline on `instances`; `on_stage` hears progress messages.
+/// Runs the whole pipeline on `instances`; `on_stage` hears progress messages. Regression
+/// suites are found afresh (see [`evaluate_with`] to share them between evaluations).
 pub fn evaluate(
     answerer: &mut dyn Answerer,
     instances: &[Instance],
     repos: &std::path::Path,
     cfg: &EvalConfig,
+    on_stage: &mut dyn FnMut(&str),
+) -> anyhow::Result<(Vec<InstanceOutcome>, EvalSummary)> {
+    let mut suites = RegressionSuites::new(None);
+    evaluate_with(answerer, instances, repos, cfg, &mut suites, on_stage)
+}
+
+/// The edit samples of one instance: each sample's patch when it applied, in sample order,
+/// and the best edit reward per distinct patch.
+#[derive(Clone, Debug, Default)]
+struct EditSamples {
+    patches: Vec<Option<String>>,
+    reward: BTreeMap<String, f64>,
+}
+
+/// [`evaluate`] with regression suites kept in `suites` (found once per repository and commit).
+pub fn evaluate_with(
+    answerer: &mut dyn Answerer,
+    instances: &[Instance],
+    repos: &std::path::Path,
+    cfg: &EvalConfig,
+    suites: &mut RegressionSuites,
     on_stage: &mut dyn FnMut(&str),
 ) -> anyhow::Result<(Vec<InstanceOutcome>, EvalSummary)> {
     let store = RepoStore::new(repos);
@@ -255,123 +343,248 @@ pub fn evaluate(
             ..Default::default()
         })
         .collect();
-    // Localization stages, greedy, each built on the previous prediction.
+    let t0 = Instant::now();
+    // Localization stages, each built on the previous stage's merged prediction.
     for stage in [Subtask::File, Subtask::Function, Subtask::Line] {
         on_stage(&format!("{} localization", stage.name()));
         let live: Vec<usize> = (0..recs.len()).filter(|&i| recs[i].is_some()).collect();
         let batch: Vec<&SubtaskRecord> = live.iter().filter_map(|&i| recs[i].as_ref()).collect();
-        let outs = answerer.answer(&batch, 1, 0.0, stage as u64)?;
+        let outs = answerer.answer_greedy_first(
+            &batch,
+            cfg.loc_samples.max(1),
+            cfg.temperature,
+            stage as u64,
+        )?;
         for (k, &i) in live.iter().enumerate() {
             let Some(rec) = recs[i].take() else { continue };
-            let Some(ans) = outs[k].first() else { continue };
-            outcomes[i]
-                .rewards
-                .insert(stage.name().into(), rec.reward(ans, cfg.edit_reward).reward);
-            outcomes[i].answers.insert(stage.name().into(), ans.clone());
-            recs[i] = next_from_prediction(&instances[i], &snaps[i], &rec, ans);
+            if outs[k].is_empty() {
+                continue;
+            }
+            let ans = crate::rft::localize::merge(stage, &outs[k]);
+            outcomes[i].rewards.insert(
+                stage.name().into(),
+                rec.reward(&ans, cfg.edit_reward).reward,
+            );
+            recs[i] = next_from_prediction(&instances[i], &snaps[i], &rec, &ans);
+            outcomes[i].answers.insert(stage.name().into(), ans);
         }
     }
-    // Edit generation: n samples per instance.
     on_stage("edit generation");
-    let live: Vec<usize> = (0..recs.len()).filter(|&i| recs[i].is_some()).collect();
-    let batch: Vec<&SubtaskRecord> = live.iter().filter_map(|&i| recs[i].as_ref()).collect();
-    let outs = answerer.answer(&batch, cfg.edit_samples.max(1), cfg.temperature, 0xed17)?;
-    let mut candidates: Vec<Vec<String>> = vec![Vec::new(); instances.len()];
-    let mut patch_reward: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); instances.len()];
-    for (k, &i) in live.iter().enumerate() {
-        let Some(rec) = recs[i].as_ref() else {
-            continue;
-        };
-        let best = outs[k]
-            .iter()
-            .map(|a| rec.reward(a, cfg.edit_reward).reward)
-            .fold(0.0f64, f64::max);
-        if let Some(first) = outs[k].first() {
-            // The best reward over the samples is an oracle (hit@n); "edit" is set to the
-            // selected patch's reward below.
-            outcomes[i].rewards.insert(ORACLE_EDIT.into(), best);
-            outcomes[i].rewards.insert("edit".into(), 0.0);
-            outcomes[i].answers.insert("edit".into(), first.clone());
-        }
-        let mut rewards = BTreeMap::new();
-        candidates[i] = outs[k]
-            .iter()
-            .filter_map(|a| {
-                let p = edit_to_patch(rec, a)?;
-                let r = rec.reward(a, cfg.edit_reward).reward;
-                let e = rewards.entry(p.clone()).or_insert(r);
-                *e = f64::max(*e, r);
-                Some(p)
-            })
-            .collect();
-        patch_reward[i] = rewards;
-        outcomes[i].applied = !candidates[i].is_empty();
-    }
-    // Tests and selection.
+    let samples = edit_samples(answerer, &recs, &mut outcomes, cfg)?;
+    on_stage(&format!(
+        "generation took {:.1} s",
+        t0.elapsed().as_secs_f64()
+    ));
     if cfg.run_tests {
-        on_stage("tests");
-        let sb = sandbox_config(cfg.test_timeout)?;
-        let mirrors = MirrorRepos::new(repos);
-        let jobs: Vec<(usize, String)> = candidates
-            .iter()
-            .enumerate()
-            .flat_map(|(i, c)| c.iter().map(move |p| (i, p.clone())))
-            .collect();
-        let results: Vec<(usize, String, bool, usize)> = {
-            use rayon::prelude::*;
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(cfg.workers.max(1))
-                .build()?;
-            pool.install(|| {
-                jobs.par_iter()
-                    .map(|(i, p)| {
-                        let r = run_instance(&sb, &mirrors, &instances[*i], "sorft", p);
-                        let broken = r
-                            .grade
-                            .as_ref()
-                            .map_or(usize::MAX, |g| g.report.p2p_failure.len());
-                        (*i, p.clone(), r.resolved, broken)
-                    })
-                    .collect()
-            })
-        };
-        for (i, outcome) in outcomes.iter_mut().enumerate() {
-            let mine: Vec<&(usize, String, bool, usize)> =
-                results.iter().filter(|r| r.0 == i).collect();
-            let cands: Vec<Candidate> = mine
-                .iter()
-                .map(|r| Candidate {
-                    patch: r.1.clone(),
-                    applied: true,
-                    failing_regression: (r.3 != usize::MAX).then_some(r.3),
-                })
-                .collect();
-            if let Some(j) = select(&cands) {
-                outcome.patch = mine[j].1.clone();
-                outcome.resolved = mine[j].2;
-            }
-        }
+        test_and_select(
+            instances,
+            repos,
+            cfg,
+            suites,
+            &samples,
+            &mut outcomes,
+            on_stage,
+        )?;
     } else {
-        for (i, outcome) in outcomes.iter_mut().enumerate() {
-            let cands: Vec<Candidate> = candidates[i]
-                .iter()
-                .map(|p| Candidate {
-                    patch: p.clone(),
-                    applied: true,
-                    failing_regression: Some(0),
-                })
-                .collect();
+        for (o, s) in outcomes.iter_mut().zip(&samples) {
+            let cands = candidates(&s.patches, &|_| Some(0));
             if let Some(j) = select(&cands) {
-                outcome.patch = candidates[i][j].clone();
+                o.patch = cands[j].patch.clone();
             }
         }
     }
-    for (o, rewards) in outcomes.iter_mut().zip(&patch_reward) {
-        if let Some(&r) = rewards.get(&o.patch) {
+    for (o, s) in outcomes.iter_mut().zip(&samples) {
+        if let Some(&r) = s.reward.get(&o.patch) {
             o.rewards.insert("edit".into(), r);
         }
     }
     Ok((outcomes.clone(), summarize(&outcomes)))
+}
+
+/// Generates the edit samples (greedy first) of every instance whose chain reached the edit
+/// stage; records the first answer, the oracle hit@n and whether any sample applied.
+fn edit_samples(
+    answerer: &mut dyn Answerer,
+    recs: &[Option<SubtaskRecord>],
+    outcomes: &mut [InstanceOutcome],
+    cfg: &EvalConfig,
+) -> anyhow::Result<Vec<EditSamples>> {
+    let live: Vec<usize> = (0..recs.len()).filter(|&i| recs[i].is_some()).collect();
+    let batch: Vec<&SubtaskRecord> = live.iter().filter_map(|&i| recs[i].as_ref()).collect();
+    let outs =
+        answerer.answer_greedy_first(&batch, cfg.edit_samples.max(1), cfg.temperature, 0xed17)?;
+    let mut samples = vec![EditSamples::default(); recs.len()];
+    for (k, &i) in live.iter().enumerate() {
+        let Some(rec) = recs[i].as_ref() else {
+            continue;
+        };
+        let rewards: Vec<f64> = outs[k]
+            .iter()
+            .map(|a| rec.reward(a, cfg.edit_reward).reward)
+            .collect();
+        if let Some(first) = outs[k].first() {
+            // The best reward over the samples is an oracle (hit@n); "edit" is set to the
+            // selected patch's reward later.
+            let best = rewards.iter().copied().fold(0.0f64, f64::max);
+            outcomes[i].rewards.insert(ORACLE_EDIT.into(), best);
+            outcomes[i].rewards.insert("edit".into(), 0.0);
+            outcomes[i].answers.insert("edit".into(), first.clone());
+        }
+        let s = &mut samples[i];
+        for (a, r) in outs[k].iter().zip(rewards) {
+            let p = edit_to_patch(rec, a);
+            if let Some(p) = &p {
+                let e = s.reward.entry(p.clone()).or_insert(r);
+                *e = f64::max(*e, r);
+            }
+            s.patches.push(p);
+        }
+        outcomes[i].applied = s.patches.iter().any(Option::is_some);
+    }
+    Ok(samples)
+}
+
+/// Selection candidates, one per sample (index = sample), with `failing(patch)` broken
+/// regression tests.
+fn candidates(
+    patches: &[Option<String>],
+    failing: &dyn Fn(&str) -> Option<usize>,
+) -> Vec<Candidate> {
+    patches
+        .iter()
+        .map(|p| match p {
+            Some(p) => Candidate {
+                patch: p.clone(),
+                applied: true,
+                failing_regression: failing(p),
+            },
+            None => Candidate::default(),
+        })
+        .collect()
+}
+
+/// The numbers of samples of the %Resolved curve: 1, 2, 4, ... below `n`, then `n`.
+pub fn curve_sizes(n: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = std::iter::successors(Some(1usize), |k| k.checked_mul(2))
+        .take_while(|&k| k < n)
+        .collect();
+    v.push(n.max(1));
+    v
+}
+
+/// Runs `f` on every job, `workers` at a time, results in job order.
+fn par_map<T: Sync, R: Send>(
+    workers: usize,
+    jobs: &[T],
+    f: impl Fn(&T) -> R + Sync + Send,
+) -> anyhow::Result<Vec<R>> {
+    use rayon::prelude::*;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(workers.max(1))
+        .build()?;
+    Ok(pool.install(|| jobs.par_iter().map(f).collect()))
+}
+
+/// Regression runs of every distinct applied patch, selection among the first k samples for
+/// every k of the curve, and grading (once per distinct selected patch) in the sandbox.
+fn test_and_select(
+    instances: &[Instance],
+    repos: &std::path::Path,
+    cfg: &EvalConfig,
+    suites: &mut RegressionSuites,
+    samples: &[EditSamples],
+    outcomes: &mut [InstanceOutcome],
+    on_stage: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let sb = sandbox_config(cfg.test_timeout)?;
+    let mirrors = MirrorRepos::new(repos);
+    let distinct = |i: usize| -> std::collections::BTreeSet<&String> {
+        samples[i].patches.iter().flatten().collect()
+    };
+    let with_patches: Vec<&Instance> = (0..instances.len())
+        .filter(|&i| !distinct(i).is_empty())
+        .map(|i| &instances[i])
+        .collect();
+    on_stage("regression tests at the base commits");
+    suites.prepare(&sb, &mirrors, &with_patches, cfg.workers)?;
+    let jobs: Vec<(usize, String)> = (0..instances.len())
+        .flat_map(|i| distinct(i).into_iter().map(move |p| (i, p.clone())))
+        .collect();
+    let applied_samples: usize = samples
+        .iter()
+        .map(|s| s.patches.iter().flatten().count())
+        .sum();
+    on_stage(&format!(
+        "regression tests of {} distinct patches ({applied_samples} applied samples)",
+        jobs.len()
+    ));
+    let suite_of: Vec<Suite> = instances
+        .iter()
+        .map(|inst| {
+            if with_patches.iter().any(|w| std::ptr::eq(*w, inst)) {
+                suites.suite(&sb, &mirrors, inst).clone()
+            } else {
+                Suite::new()
+            }
+        })
+        .collect();
+    let broken = par_map(cfg.workers, &jobs, |(i, p)| {
+        failing_regression(&sb, &mirrors, &instances[*i], &suite_of[*i], p)
+    })?;
+    let broken: BTreeMap<(usize, &str), usize> = jobs
+        .iter()
+        .zip(broken)
+        .map(|((i, p), b)| ((*i, p.as_str()), b))
+        .collect();
+    // Selection among every prefix of the samples.
+    let mut chosen: Vec<BTreeMap<usize, Option<String>>> = vec![BTreeMap::new(); instances.len()];
+    for (i, s) in samples.iter().enumerate() {
+        let cands = candidates(&s.patches, &|p| broken.get(&(i, p)).copied());
+        for k in curve_sizes(cfg.edit_samples.max(1)) {
+            let pick = select(&cands[..k.min(cands.len())]).map(|j| cands[j].patch.clone());
+            chosen[i].insert(k, pick);
+        }
+    }
+    let grade_jobs: Vec<(usize, String)> = chosen
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| {
+            c.values()
+                .flatten()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .map(move |p| (i, p.clone()))
+        })
+        .collect();
+    on_stage(&format!("grading {} selected patches", grade_jobs.len()));
+    let resolved = par_map(cfg.workers, &grade_jobs, |(i, p)| {
+        run_instance(&sb, &mirrors, &instances[*i], "sorft", p).resolved
+    })?;
+    let resolved: BTreeMap<(usize, &str), bool> = grade_jobs
+        .iter()
+        .zip(resolved)
+        .map(|((i, p), r)| ((*i, p.as_str()), r))
+        .collect();
+    for (i, o) in outcomes.iter_mut().enumerate() {
+        for (&k, pick) in &chosen[i] {
+            let r = pick
+                .as_ref()
+                .is_some_and(|p| resolved.get(&(i, p.as_str())).copied().unwrap_or(false));
+            o.resolved_at.insert(k, r);
+        }
+        if let Some((_, Some(p))) = chosen[i].iter().next_back() {
+            o.patch = p.clone();
+            o.resolved = o.resolved_at.values().next_back().copied().unwrap_or(false);
+        }
+    }
+    on_stage(&format!(
+        "tests took {:.1} s ({} regression runs, {} grading runs)",
+        t0.elapsed().as_secs_f64(),
+        jobs.len(),
+        grade_jobs.len()
+    ));
+    Ok(())
 }
 
 /// The key of the best edit reward over all samples of an instance (an oracle: hit@n), beside
@@ -400,5 +613,19 @@ pub fn summarize(outcomes: &[InstanceOutcome]) -> EvalSummary {
     }
     s.applied_pct = 100.0 * outcomes.iter().filter(|o| o.applied).count() as f64 / n;
     s.resolved_pct = 100.0 * outcomes.iter().filter(|o| o.resolved).count() as f64 / n;
+    let sizes: std::collections::BTreeSet<usize> = outcomes
+        .iter()
+        .flat_map(|o| o.resolved_at.keys().copied())
+        .collect();
+    s.resolved_curve = sizes
+        .into_iter()
+        .map(|k| {
+            let r = outcomes
+                .iter()
+                .filter(|o| o.resolved_at.get(&k) == Some(&true))
+                .count();
+            (k, 100.0 * r as f64 / n)
+        })
+        .collect();
     s
 }

@@ -251,7 +251,34 @@ pub fn run_instance(
 ) -> RunResult {
     let t0 = Instant::now();
     let mut r = RunResult::new(inst, model);
-    run_phases(cfg, repos, inst, model_patch, &mut r, t0);
+    if model_patch.trim().is_empty() {
+        r.status = RunStatus::EmptyPatch;
+        r.error = Some("empty model patch".into());
+        return r;
+    }
+    run_phases(cfg, repos, inst, Some(model_patch), &mut r, t0);
+    r.timings.total = t0.elapsed().as_secs_f64();
+    r
+}
+
+/// Runs the repository's own tests at the instance's base commit, with `model_patch` applied
+/// when given and without the instance's test patch (regression testing): the statuses are in
+/// the result's `tests`; its grade (against empty test lists) means nothing. Never fails.
+pub fn run_repository_tests(
+    cfg: &SandboxConfig,
+    repos: &dyn RepoProvider,
+    inst: &Instance,
+    model_patch: Option<&str>,
+) -> RunResult {
+    let t0 = Instant::now();
+    let bare = Instance {
+        test_patch: String::new(),
+        fail_to_pass: Vec::new(),
+        pass_to_pass: Vec::new(),
+        ..inst.clone()
+    };
+    let mut r = RunResult::new(&bare, "regression");
+    run_phases(cfg, repos, &bare, model_patch, &mut r, t0);
     r.timings.total = t0.elapsed().as_secs_f64();
     r
 }
@@ -260,15 +287,10 @@ fn run_phases(
     cfg: &SandboxConfig,
     repos: &dyn RepoProvider,
     inst: &Instance,
-    model_patch: &str,
+    model_patch: Option<&str>,
     r: &mut RunResult,
     t0: Instant,
 ) {
-    if model_patch.trim().is_empty() {
-        r.status = RunStatus::EmptyPatch;
-        r.error = Some("empty model patch".into());
-        return;
-    }
     let snap = match repos.snapshot(&inst.repo, &inst.base_commit) {
         Ok(s) => s,
         Err(e) => {
@@ -290,17 +312,18 @@ fn run_phases(
     };
     r.timings.setup = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    match apply::apply_model_change(ws.repo(), model_patch) {
-        Ok(a) => {
+    match model_patch.map(|p| apply::apply_model_change(ws.repo(), p)) {
+        Some(Ok(a)) => {
             r.applied = true;
             r.apply = Some(a);
         }
-        Err(e) => {
+        Some(Err(e)) => {
             r.status = RunStatus::PatchFailed;
             r.error = Some(e.to_string());
             r.timings.apply = t1.elapsed().as_secs_f64();
             return;
         }
+        None => {}
     }
     let mut written: Vec<String> = r
         .apply
