@@ -24,14 +24,26 @@ fn vocab(rng: &mut ChaCha8Rng) -> VocabIndex {
         .chars()
         .collect();
     let mut v: Vec<String> = [
-        "</think>", "</", "think", ">", "\n```\n", "```", "\n", "`", "=======\n",
+        "</think>",
+        "</",
+        "think",
+        ">",
+        "\n```\n",
+        "```",
+        "\n",
+        "`",
+        "=======\n",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     while v.len() < VOCAB {
         let n = rng.random_range(1..=8);
-        v.push((0..n).map(|_| chars[rng.random_range(0..chars.len())]).collect());
+        v.push(
+            (0..n)
+                .map(|_| chars[rng.random_range(0..chars.len())])
+                .collect(),
+        );
     }
     VocabIndex::new(v.into_iter().map(Some).collect())
 }
@@ -100,7 +112,8 @@ fn main() {
         96,
     )
     .expect("window");
-    let open = "<think>ok</think>\n```python\n### pkg/money.py\n<<<<<<< SEARCH\n    return y\n=======\n";
+    let open =
+        "<think>ok</think>\n```python\n### pkg/money.py\n<<<<<<< SEARCH\n    return y\n=======\n";
     println!(
         "vocabulary {VOCAB} pieces, trie {} nodes; mean time per step (ms)",
         idx.trie.len()
@@ -108,7 +121,11 @@ fn main() {
     println!("| grammar | position | rescan | incremental |");
     println!("|---|---:|---:|---:|");
     for (name, c, prefix) in [
-        ("grounded thought", &grounded as &dyn TokenConstraint, "<think>"),
+        (
+            "grounded thought",
+            &grounded as &dyn TokenConstraint,
+            "<think>",
+        ),
         ("edit REPLACE", &edit as &dyn TokenConstraint, open),
     ] {
         for pos in [16, 128, 512] {

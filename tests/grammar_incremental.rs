@@ -52,9 +52,30 @@ fn cuts(rng: &mut ChaCha8Rng, text: &str, out: &mut Vec<String>) {
 /// accept, with one special token (`None`).
 fn vocab(rng: &mut ChaCha8Rng, texts: &[String]) -> Vec<Option<String>> {
     let mut v: Vec<String> = [
-        "</", "think", ">", "</think>", "\n```\n", "```", "\n", "`", "``", "\n```", " ", "x`",
-        "`money", " `from", "<<<<<<< SEARCH\n", "=======\n", "===", ">>>>>>> REPLACE", "\n>>>>>>>",
-        " REPLACE", "line: ", "function: ", "é", "ok`</think>",
+        "</",
+        "think",
+        ">",
+        "</think>",
+        "\n```\n",
+        "```",
+        "\n",
+        "`",
+        "``",
+        "\n```",
+        " ",
+        "x`",
+        "`money",
+        " `from",
+        "<<<<<<< SEARCH\n",
+        "=======\n",
+        "===",
+        ">>>>>>> REPLACE",
+        "\n>>>>>>>",
+        " REPLACE",
+        "line: ",
+        "function: ",
+        "é",
+        "ok`</think>",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -16,9 +16,9 @@ use crate::engine::sampling::Sampled;
 use crate::engine::{Backend, HostData, SamplingParams, Tensor};
 use crate::model::adapter::Adapters;
 use crate::model::constraint::{sample_masked, ConstraintState, TokenConstraint, TokenSet};
-use crate::model::token_trie::VocabIndex;
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
+use crate::model::token_trie::VocabIndex;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::{Model, Step};
 

@@ -104,7 +104,10 @@ impl Trie {
     /// the node `text` ends at, when every character of it is in the trie.
     pub fn prefixes_of(&self, text: &str, min_len: usize, out: &mut TokenSet) -> Option<usize> {
         let mut at = 0usize;
-        for (depth, c) in std::iter::once(None).chain(text.chars().map(Some)).enumerate() {
+        for (depth, c) in std::iter::once(None)
+            .chain(text.chars().map(Some))
+            .enumerate()
+        {
             if let Some(c) = c {
                 at = self.child(at, c)?;
             }
@@ -153,7 +156,9 @@ impl VocabIndex {
         let trie = Trie::new(&pieces);
         let has_special = |p: &str| p.contains(SPECIAL);
         let plain = TokenSet::from_fn(pieces.len(), |i| {
-            pieces[i as usize].as_deref().is_some_and(|p| !has_special(p))
+            pieces[i as usize]
+                .as_deref()
+                .is_some_and(|p| !has_special(p))
         });
         let special = (0..pieces.len() as u32)
             .filter(|&i| pieces[i as usize].as_deref().is_some_and(has_special))
@@ -242,6 +247,9 @@ mod tests {
         let idx = VocabIndex::new(pieces(&["a", "`", "b>", "c"]));
         assert_eq!(idx.special, vec![1, 2]);
         let s = idx.free_step(&Word("`", 0));
-        assert_eq!((0..4).filter(|&i| s.contains(i)).collect::<Vec<_>>(), [0, 1, 3]);
+        assert_eq!(
+            (0..4).filter(|&i| s.contains(i)).collect::<Vec<_>>(),
+            [0, 1, 3]
+        );
     }
 }

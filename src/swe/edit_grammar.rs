@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::model::constraint::{Allowed, Mask};
 use crate::model::token_trie::{CharState, VocabIndex};
-use crate::swe::grammar::AnswerState;
 use crate::swe::edit::fence_lang;
+use crate::swe::grammar::AnswerState;
 use crate::swe::reward::Window;
 
 const SEARCH: &str = "<<<<<<< SEARCH";
@@ -301,7 +301,9 @@ impl AnswerState for EditState {
             let close = format!("{REPLACE}\n{FENCE}");
             match close.strip_prefix(self.rest.as_str()) {
                 Some(more) => vocab.trie.prefixes_of(more, 0, &mut pieces),
-                None => vocab.trie.prefixes_of(&format!("\n{close}"), 1, &mut pieces),
+                None => vocab
+                    .trie
+                    .prefixes_of(&format!("\n{close}"), 1, &mut pieces),
             };
         } else if remaining <= 2 * CLOSE_TOKENS
             && matches!(self.part, Part::Search(_, n) if n > 0)

@@ -170,9 +170,8 @@ fn occurs(ground: &str, s: &str, whole: bool) -> bool {
     if s.is_empty() {
         return true;
     }
-    occurrences(ground, s).any(|i| {
-        starts_word(ground, i, s) && (!whole || ends_word("", s, &ground[i + s.len()..]))
-    })
+    occurrences(ground, s)
+        .any(|i| starts_word(ground, i, s) && (!whole || ends_word("", s, &ground[i + s.len()..])))
 }
 
 /// Every start of `s` in `ground`, overlapping ones included (`match_indices` skips those, and
