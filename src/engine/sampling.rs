@@ -155,6 +155,46 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, counter: u64) -> Sampled {
     }
 }
 
+/// Whether bit `id` of a packed mask (bit `i % 32` of word `i / 32`) is set.
+pub fn mask_bit(mask: &[u32], id: usize) -> bool {
+    mask.get(id / 32).is_some_and(|w| w & (1 << (id % 32)) != 0)
+}
+
+/// Samples one row with the tokens outside the packed `mask` (see [`mask_bit`]) taken out, as a
+/// constrained step hands it to the sampler; `None` when the mask leaves no finite logit. The
+/// log-probability is the token's under the unmasked distribution at the temperature (the
+/// caller subtracts the allowed set's log-mass for the renormalised one).
+pub fn sample_row_masked(
+    logits: &[f32],
+    mask: &[u32],
+    p: &SamplingParams,
+    counter: u64,
+) -> Option<Sampled> {
+    let mut masked = logits.to_vec();
+    let mut any = false;
+    for (i, v) in masked.iter_mut().enumerate() {
+        if mask_bit(mask, i) && v.is_finite() {
+            any = true;
+        } else {
+            *v = f32::NEG_INFINITY;
+        }
+    }
+    if !any {
+        return None;
+    }
+    let s = sample_row(&masked, p, counter);
+    let inv_t = if p.temperature > 0.0 {
+        1.0 / p.temperature as f64
+    } else {
+        1.0
+    };
+    let lse = log_sum_exp(logits, inv_t);
+    Some(Sampled {
+        id: s.id,
+        logprob: (logits[s.id as usize] as f64 * inv_t - lse) as f32,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +233,27 @@ mod tests {
         assert_eq!(ids(0.75), vec![0, 1]);
         assert_eq!(ids(0.8), vec![0, 1, 2]);
         assert_eq!(ids(0.01), vec![0]);
+    }
+
+    #[test]
+    fn a_masked_row_samples_inside_the_mask_even_with_minus_infinity_logits() {
+        let logits = [3.0f32, f32::NEG_INFINITY, 0.5, 1.0, -2.0];
+        // Only token 2 and the -inf token 1 are in the mask: 2 always, with its full logprob.
+        let mask = [0b00110u32];
+        let lse = [3.0f64, 0.5, 1.0, -2.0]
+            .iter()
+            .map(|x| x.exp())
+            .sum::<f64>()
+            .ln();
+        for c in 0..50 {
+            let s = sample_row_masked(&logits, &mask, &params(1.0, 0, 1.0), c).expect("one");
+            assert_eq!(s.id, 2);
+            assert!((s.logprob as f64 - (0.5 - lse)).abs() < 1e-6);
+        }
+        assert!(sample_row_masked(&logits, &[0b00010], &params(1.0, 0, 1.0), 0).is_none());
+        let g = sample_row_masked(&logits, &[0b11000], &SamplingParams::greedy(), 0);
+        assert_eq!(g.map(|s| s.id), Some(3));
+        assert!(!mask_bit(&mask, 40));
     }
 
     #[test]

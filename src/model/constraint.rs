@@ -4,6 +4,8 @@
 
 use std::fmt::Debug;
 
+use crate::model::token_trie::VocabIndex;
+
 /// What may follow the text generated so far.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allowed {
@@ -13,25 +15,55 @@ pub struct Allowed {
     pub stop: bool,
 }
 
-/// The tokens a constraint let through at one decoding step, as a bitset over the vocabulary:
-/// what RL needs to score a sampled token under the distribution it was really drawn from
-/// (the policy renormalised on this set).
+/// The tokens a constraint let through at one decoding step, as a packed bitmask over the
+/// vocabulary (bit `i % 32` of word `i / 32`, the layout the samplers read): what RL needs to
+/// score a sampled token under the distribution it was really drawn from (the policy
+/// renormalised on this set).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenSet {
-    bits: Vec<u64>,
+    bits: Vec<u32>,
     vocab: usize,
 }
 
 impl TokenSet {
     /// The ids for which `f` holds, over a vocabulary of `vocab`.
     pub fn from_fn(vocab: usize, f: impl Fn(u32) -> bool) -> Self {
-        let mut bits = vec![0u64; vocab.div_ceil(64)];
+        let mut bits = vec![0u32; vocab.div_ceil(32)];
         for i in 0..vocab {
             if f(i as u32) {
-                bits[i / 64] |= 1 << (i % 64);
+                bits[i / 32] |= 1 << (i % 32);
             }
         }
         Self { bits, vocab }
+    }
+
+    /// Adds `id` (ignored outside the vocabulary).
+    pub fn insert(&mut self, id: u32) {
+        if (id as usize) < self.vocab {
+            self.bits[id as usize / 32] |= 1 << (id % 32);
+        }
+    }
+
+    /// The packed words (bit `i % 32` of word `i / 32`; bits past the vocabulary are 0).
+    pub fn words(&self) -> &[u32] {
+        &self.bits
+    }
+
+    /// The same ids over a vocabulary of `vocab` (ids past it are dropped).
+    pub fn resized(&self, vocab: usize) -> Self {
+        Self::from_fn(vocab, |i| self.contains(i))
+    }
+
+    /// Keeps only the ids also in `other`.
+    pub fn intersect(&mut self, other: &TokenSet) {
+        for (a, b) in self.bits.iter_mut().zip(&other.bits) {
+            *a &= b;
+        }
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|&w| w == 0)
     }
 
     /// What `allowed` lets through (stop tokens count as allowed when `allowed.stop` is set).
@@ -47,7 +79,7 @@ impl TokenSet {
 
     /// Whether `id` is in the set.
     pub fn contains(&self, id: u32) -> bool {
-        (id as usize) < self.vocab && self.bits[id as usize / 64] & (1 << (id % 64)) != 0
+        (id as usize) < self.vocab && self.bits[id as usize / 32] & (1 << (id % 32)) != 0
     }
 
     /// Size of the vocabulary the set is over.
@@ -91,6 +123,30 @@ pub trait TokenConstraint: Send + Sync + Debug {
     /// What may follow `text` (the generated text so far) with `remaining` tokens of budget left,
     /// given every token's decoded piece (`None` for special tokens); `None` leaves the step free.
     fn allowed(&self, text: &str, remaining: usize, pieces: &[Option<String>]) -> Option<Allowed>;
+
+    /// A fresh incremental state of this constraint (`None`: only [`TokenConstraint::allowed`]).
+    fn start(&self) -> Option<Box<dyn ConstraintState>> {
+        None
+    }
+}
+
+/// What may come next, as a bitmask over the tokenizer's pieces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mask {
+    /// The pieces that may come next.
+    pub pieces: TokenSet,
+    /// Whether a stop token may come next.
+    pub stop: bool,
+}
+
+/// The incremental state of one sequence under a constraint: advanced by every sampled piece,
+/// asked for the next step's mask without looking at the text again.
+pub trait ConstraintState: Send + Debug {
+    /// Takes in the decoded piece of a sampled token.
+    fn advance(&mut self, piece: &str);
+    /// What may come next with `remaining` tokens of budget left (`None` leaves the step free);
+    /// the same sets as [`TokenConstraint::allowed`] on the text advanced so far.
+    fn mask(&self, remaining: usize, vocab: &VocabIndex) -> Option<Mask>;
 }
 
 /// Every token's decoded piece (`None` for special tokens and pieces that are not valid UTF-8 alone).
@@ -117,34 +173,7 @@ pub fn sample_masked(
     p: &crate::engine::SamplingParams,
     counter: u64,
 ) -> Option<crate::engine::sampling::Sampled> {
-    let mut masked = logits.to_vec();
-    let mut any = false;
-    for (i, v) in masked.iter_mut().enumerate() {
-        if allowed.contains(i as u32) && v.is_finite() {
-            any = true;
-        } else {
-            *v = f32::NEG_INFINITY;
-        }
-    }
-    if !any {
-        return None;
-    }
-    let s = crate::engine::sampling::sample_row(&masked, p, counter);
-    let inv_t = if p.temperature > 0.0 {
-        1.0 / p.temperature as f64
-    } else {
-        1.0
-    };
-    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64 * inv_t;
-    let lse = m + logits
-        .iter()
-        .map(|&v| (v as f64 * inv_t - m).exp())
-        .sum::<f64>()
-        .ln();
-    Some(crate::engine::sampling::Sampled {
-        id: s.id,
-        logprob: (logits[s.id as usize] as f64 * inv_t - lse) as f32,
-    })
+    crate::engine::sampling::sample_row_masked(logits, allowed.words(), p, counter)
 }
 
 #[cfg(test)]

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use crate::engine::sampling::Sampled;
 use crate::engine::{Backend, HostData, SamplingParams, Tensor};
 use crate::model::adapter::Adapters;
-use crate::model::constraint::{sample_masked, token_pieces, TokenConstraint, TokenSet};
+use crate::model::constraint::{sample_masked, ConstraintState, TokenConstraint, TokenSet};
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
+use crate::model::token_trie::VocabIndex;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::{Model, Step};
 
@@ -104,6 +105,18 @@ struct Active {
     ids: Vec<u32>,
     logprobs: Vec<f32>,
     steps: Vec<StepConstraint>,
+    state: Option<Box<dyn ConstraintState>>,
+}
+
+/// How the allowed sets of constrained steps are computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MaskMode {
+    /// Incrementally: a grammar state advanced by each sampled piece, walked over the
+    /// vocabulary's trie (constraints without an incremental state fall back to the rescan).
+    #[default]
+    Incremental,
+    /// The reference: re-decode the whole response and check every piece each step.
+    Rescan,
 }
 
 /// What a constraint did at one decoding step.
@@ -218,7 +231,27 @@ pub fn generate_with_stats<B: Backend>(
     opts: &GenOptions,
     share_prefill: bool,
 ) -> Result<(Vec<GenOutput>, GenStats)> {
-    generate_inner(model, Adapters::off(), tok, reqs, opts, share_prefill)
+    generate_inner(
+        model,
+        Adapters::off(),
+        tok,
+        reqs,
+        opts,
+        share_prefill,
+        MaskMode::Incremental,
+    )
+}
+
+/// [`generate_with_stats`] with the allowed sets of constrained steps found by `masks` (the
+/// outputs are the same either way; the rescan is the reference and the benchmark's baseline).
+pub fn generate_with_masks<B: Backend>(
+    model: &Model<B>,
+    tok: Option<&Tokenizer>,
+    reqs: &[GenRequest],
+    opts: &GenOptions,
+    masks: MaskMode,
+) -> Result<(Vec<GenOutput>, GenStats)> {
+    generate_inner(model, Adapters::off(), tok, reqs, opts, true, masks)
 }
 
 /// [`generate`] from `model` with LoRA adapters applied in every forward (no merge into the
@@ -230,7 +263,7 @@ pub fn generate_adapted<B: Backend>(
     reqs: &[GenRequest],
     opts: &GenOptions,
 ) -> Result<Vec<GenOutput>> {
-    Ok(generate_inner(model, ad, tok, reqs, opts, true)?.0)
+    Ok(generate_inner(model, ad, tok, reqs, opts, true, MaskMode::Incremental)?.0)
 }
 
 fn generate_inner<B: Backend>(
@@ -240,6 +273,7 @@ fn generate_inner<B: Backend>(
     reqs: &[GenRequest],
     opts: &GenOptions,
     share_prefill: bool,
+    masks: MaskMode,
 ) -> Result<(Vec<GenOutput>, GenStats)> {
     validate(model, tok, reqs)?;
     let mut outputs: Vec<Option<GenOutput>> = vec![None; reqs.len()];
@@ -265,10 +299,11 @@ fn generate_inner<B: Backend>(
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let pieces = match tok {
-        Some(t) if reqs.iter().any(|r| r.constraint.is_some()) => token_pieces(t),
-        _ => Vec::new(),
+    let index = match tok {
+        Some(t) if reqs.iter().any(|r| r.constraint.is_some()) => Some(t.vocab_index()),
+        _ => None,
     };
+    let index = index.as_deref();
     let mut slots: Vec<Option<Active>> = (0..n_slots).map(|_| None).collect();
     let mut held: Vec<Option<Prefilled<B>>> = (0..n_slots).map(|_| None).collect();
     let mut next = 0usize;
@@ -335,13 +370,24 @@ fn generate_inner<B: Backend>(
                     logits: logits.clone(),
                 });
                 let mut s = model.backend.sample(&logits, &[r.params], &[0])?;
-                let steps = constrain(model, tok, &pieces, &logits, &[(r, &[][..])], &mut s)?;
+                let mut state = match masks {
+                    MaskMode::Incremental => r.constraint.as_ref().and_then(|c| c.start()),
+                    MaskMode::Rescan => None,
+                };
+                let row = Row {
+                    req: r,
+                    ids: &[],
+                    state: state.as_deref(),
+                };
+                let steps = constrain(model, tok, index, &logits, &[row], &mut s)?;
+                advance(tok, index, state.as_deref_mut(), s[0].id)?;
                 let mut a = Active {
                     req: i,
                     cached: n,
                     ids: vec![s[0].id],
                     logprobs: vec![s[0].logprob],
                     steps,
+                    state,
                 };
                 generated += 1;
                 match check_done(tok, r, &a.ids)? {
@@ -390,15 +436,22 @@ fn generate_inner<B: Backend>(
             ad,
         )?;
         let mut sampled = model.backend.sample(&logits, &params, &counters)?;
-        let rows_done: Vec<(&GenRequest, &[u32])> = active
+        let rows_done: Vec<Row> = active
             .iter()
-            .filter_map(|&s| slots[s].as_ref().map(|a| (&reqs[a.req], &a.ids[..])))
+            .filter_map(|&s| {
+                slots[s].as_ref().map(|a| Row {
+                    req: &reqs[a.req],
+                    ids: &a.ids,
+                    state: a.state.as_deref(),
+                })
+            })
             .collect();
-        let mut steps = constrain(model, tok, &pieces, &logits, &rows_done, &mut sampled)?;
+        let mut steps = constrain(model, tok, index, &logits, &rows_done, &mut sampled)?;
         for (k, &s) in active.iter().enumerate() {
             let done = match slots[s].as_mut() {
                 Some(a) => {
                     a.cached += 1;
+                    advance(tok, index, a.state.as_deref_mut(), sampled[k].id)?;
                     a.ids.push(sampled[k].id);
                     a.logprobs.push(sampled[k].logprob);
                     a.steps.push(std::mem::take(&mut steps[k]));
@@ -428,43 +481,106 @@ fn generate_inner<B: Backend>(
     Ok((outs, stats))
 }
 
+/// One decoding row as the constraint sees it: the request, the ids so far and the
+/// incremental state (`None`: the rescan reference).
+struct Row<'a> {
+    req: &'a GenRequest,
+    ids: &'a [u32],
+    state: Option<&'a dyn ConstraintState>,
+}
+
+/// Feeds a sampled token's piece to a row's incremental state.
+fn advance(
+    tok: Option<&Tokenizer>,
+    index: Option<&VocabIndex>,
+    state: Option<&mut (dyn ConstraintState + 'static)>,
+    id: u32,
+) -> Result<()> {
+    let (Some(state), Some(index)) = (state, index) else {
+        return Ok(());
+    };
+    match index.pieces.get(id as usize).and_then(|p| p.as_deref()) {
+        Some(p) => state.advance(p),
+        // Special tokens and partial characters (free steps only): their decoded text.
+        None => {
+            if let Some(t) = tok {
+                state.advance(&t.decode(&[id], true)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The allowed set of one row over a vocabulary of `vocab` logits, and how many choices it
+/// holds (every stop token together counting as one); `None` leaves the step free.
+fn allowed_set(
+    tok: &Tokenizer,
+    index: &VocabIndex,
+    row: &Row,
+    vocab: usize,
+) -> Result<Option<(TokenSet, usize, bool)>> {
+    let r = row.req;
+    let Some(c) = &r.constraint else {
+        return Ok(None);
+    };
+    let remaining = r.max_new_tokens.saturating_sub(row.ids.len());
+    let (pieces, stop) = match row.state {
+        Some(s) => match s.mask(remaining, index) {
+            Some(m) => (m.pieces, m.stop),
+            None => return Ok(None),
+        },
+        None => {
+            let text = tok.decode(row.ids, true)?;
+            match c.allowed(&text, remaining, &index.pieces) {
+                Some(a) => {
+                    let n = a.pieces.len();
+                    (TokenSet::from_fn(n, |i| a.pieces[i as usize]), a.stop)
+                }
+                None => return Ok(None),
+            }
+        }
+    };
+    let mut set = pieces.resized(vocab);
+    for &s in &r.stop_ids {
+        if stop {
+            set.insert(s);
+        }
+    }
+    let stops = usize::from(stop && !r.stop_ids.is_empty());
+    Ok(Some((set, pieces.count() + stops, stop)))
+}
+
 /// Re-samples the rows whose request has an active constraint, on the host, from masked logits;
 /// per row, what the constraint did: whether it decided (a single choice, or too little allowed
 /// mass), the set it allowed and that set's log-probability mass.
 fn constrain<B: Backend>(
     model: &Model<B>,
     tok: Option<&Tokenizer>,
-    pieces: &[Option<String>],
+    index: Option<&VocabIndex>,
     logits: &Tensor<B>,
-    rows: &[(&GenRequest, &[u32])],
+    rows: &[Row],
     sampled: &mut [Sampled],
 ) -> Result<Vec<StepConstraint>> {
     let mut out = vec![StepConstraint::default(); rows.len()];
-    let (Some(tok), false) = (tok, pieces.is_empty()) else {
+    let (Some(tok), Some(index)) = (tok, index) else {
         return Ok(out);
     };
-    if rows.iter().all(|(r, _)| r.constraint.is_none()) {
+    if rows.iter().all(|r| r.req.constraint.is_none()) {
         return Ok(out);
     }
     let host = model.backend.to_host_f32(logits)?;
     let vocab = host.len() / rows.len().max(1);
-    for (k, (r, ids)) in rows.iter().enumerate() {
-        let Some(c) = &r.constraint else { continue };
-        let text = tok.decode(ids, true)?;
-        let remaining = r.max_new_tokens.saturating_sub(ids.len());
-        let Some(allowed) = c.allowed(&text, remaining, pieces) else {
+    for (k, row) in rows.iter().enumerate() {
+        let Some((set, choices, _)) = allowed_set(tok, index, row, vocab)? else {
             continue;
         };
-        let row = &host[k * vocab..(k + 1) * vocab];
-        let set = TokenSet::from_allowed(&allowed, &r.stop_ids, vocab);
-        if let Some(s) = sample_masked(row, &set, &r.params, ids.len() as u64) {
+        let r = row.req;
+        let row_logits = &host[k * vocab..(k + 1) * vocab];
+        if let Some(s) = sample_masked(row_logits, &set, &r.params, row.ids.len() as u64) {
             sampled[k] = s;
-            // Every stop token ends the response the same way: together they are one choice.
-            let stops = usize::from(allowed.stop && !r.stop_ids.is_empty());
-            let logmass = set.log_mass(row, r.params.temperature);
-            let single = allowed.pieces.iter().filter(|&&b| b).count() + stops == 1;
+            let logmass = set.log_mass(row_logits, r.params.temperature);
             out[k] = StepConstraint {
-                forced: single || below_min_mass(logmass, r.min_allowed_mass),
+                forced: choices == 1 || below_min_mass(logmass, r.min_allowed_mass),
                 allowed: Some(set),
                 logmass: logmass as f32,
             };

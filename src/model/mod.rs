@@ -15,6 +15,7 @@ pub mod random;
 pub mod st_writer;
 pub mod template;
 pub mod tojson;
+pub mod token_trie;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;

@@ -23,6 +23,8 @@ pub struct Tokenizer {
     path: PathBuf,
     chat: Option<ChatTemplate>,
     stop_ids: Vec<u32>,
+    /// The pieces' trie for constrained decoding, built on first use.
+    index: std::sync::OnceLock<std::sync::Arc<crate::model::token_trie::VocabIndex>>,
 }
 
 /// Reads a JSON file of the model directory, `Null` when it does not exist.
@@ -77,7 +79,19 @@ impl Tokenizer {
             path,
             chat: None,
             stop_ids,
+            index: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Every piece with its trie (built once, on first use; see [`crate::model::token_trie`]).
+    pub fn vocab_index(&self) -> std::sync::Arc<crate::model::token_trie::VocabIndex> {
+        self.index
+            .get_or_init(|| {
+                std::sync::Arc::new(crate::model::token_trie::VocabIndex::new(
+                    crate::model::constraint::token_pieces(self),
+                ))
+            })
+            .clone()
     }
 
     /// The same tokenizer with a chat template.

@@ -3,8 +3,12 @@
 //! window of that file (so the edit always applies); the REPLACE part is free. Near the end of the
 //! budget the block is closed.
 
-use crate::model::constraint::Allowed;
+use std::sync::Arc;
+
+use crate::model::constraint::{Allowed, Mask};
+use crate::model::token_trie::{CharState, VocabIndex};
 use crate::swe::edit::fence_lang;
+use crate::swe::grammar::AnswerState;
 use crate::swe::reward::Window;
 
 const SEARCH: &str = "<<<<<<< SEARCH";
@@ -39,7 +43,7 @@ enum Part {
     Header,
     SearchMark,
     /// Candidate (window, next line index) positions of the SEARCH lines so far, and their count.
-    Search(Vec<(usize, usize)>, usize),
+    Search(Arc<Vec<(usize, usize)>>, usize),
     Replace,
     Close,
 }
@@ -89,7 +93,7 @@ impl EditGrammar {
                     .filter(|(_, (p, _))| p == path)
                     .flat_map(|(i, (_, l))| (0..l.len()).map(move |k| (i, k)))
                     .collect();
-                Part::Search(all, 0)
+                Part::Search(Arc::new(all), 0)
             })?,
             Part::Search(cands, n) => {
                 if line == DIVIDER {
@@ -100,7 +104,7 @@ impl EditGrammar {
                     .filter(|&&(w, k)| self.windows[w].1.get(k).is_some_and(|l| l == line))
                     .map(|&(w, k)| (w, k + 1))
                     .collect();
-                (!next.is_empty()).then_some(Part::Search(next, n + 1))?
+                (!next.is_empty()).then_some(Part::Search(Arc::new(next), n + 1))?
             }
             Part::Replace => {
                 if line == REPLACE {
@@ -211,6 +215,111 @@ impl EditGrammar {
                 .map(|p| p.as_deref().is_some_and(|p| !complete && ok(p)))
                 .collect(),
             stop: complete,
+        }
+    }
+}
+
+/// The incremental state of an [`EditGrammar`] answer: the part, the file named and the
+/// unfinished line.
+#[derive(Clone, Debug)]
+pub struct EditState {
+    g: Arc<EditGrammar>,
+    part: Part,
+    path: String,
+    rest: String,
+}
+
+impl EditState {
+    /// The empty answer of `g`.
+    pub fn new(g: Arc<EditGrammar>) -> Self {
+        Self {
+            g,
+            part: Part::Start,
+            path: String::new(),
+            rest: String::new(),
+        }
+    }
+
+    /// Whether the answer so far is a whole block.
+    pub fn complete(&self) -> bool {
+        self.part == Part::Close && self.rest == FENCE
+    }
+}
+
+impl CharState for EditState {
+    fn push(&self, c: char) -> Option<Self> {
+        let mut s = self.clone();
+        if c == '\n' {
+            s.part = self.g.feed(&self.part, &mut s.path, &self.rest)?;
+            s.rest.clear();
+        } else {
+            s.rest.push(c);
+        }
+        // `partial_ok` only shrinks as the line grows: a dead line stays dead.
+        s.accepts().then_some(s)
+    }
+
+    fn accepts(&self) -> bool {
+        self.g.partial_ok(&self.part, &self.rest)
+    }
+}
+
+/// An edit state that must first spell the divider (low budget between SEARCH lines).
+#[derive(Clone)]
+struct DividerFirst {
+    inner: EditState,
+    at: usize,
+}
+
+impl CharState for DividerFirst {
+    fn push(&self, c: char) -> Option<Self> {
+        let div = "=======\n";
+        let at = if self.at < div.len() {
+            div[self.at..].starts_with(c).then_some(self.at + 1)?
+        } else {
+            self.at
+        };
+        Some(Self {
+            inner: self.inner.push(c)?,
+            at,
+        })
+    }
+
+    fn accepts(&self) -> bool {
+        self.inner.accepts()
+    }
+}
+
+impl AnswerState for EditState {
+    fn answer_mask(&self, remaining: usize, vocab: &VocabIndex) -> Mask {
+        let complete = self.complete();
+        let mut pieces = vocab.empty();
+        if complete {
+            return Mask { pieces, stop: true };
+        }
+        if remaining <= CLOSE_TOKENS && self.part == Part::Replace {
+            let close = format!("{REPLACE}\n{FENCE}");
+            match close.strip_prefix(self.rest.as_str()) {
+                Some(more) => vocab.trie.prefixes_of(more, 0, &mut pieces),
+                None => vocab
+                    .trie
+                    .prefixes_of(&format!("\n{close}"), 1, &mut pieces),
+            };
+        } else if remaining <= 2 * CLOSE_TOKENS
+            && matches!(self.part, Part::Search(_, n) if n > 0)
+            && self.rest.is_empty()
+        {
+            let gate = DividerFirst {
+                inner: self.clone(),
+                at: 0,
+            };
+            vocab.trie.walk(&gate, &mut pieces);
+        } else {
+            vocab.trie.walk(self, &mut pieces);
+        }
+        Mask {
+            pieces,
+            stop: false,
         }
     }
 }

@@ -5,8 +5,10 @@
 //! low inside the chain of thought, `</think>` is forced so an answer always fits.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use crate::model::constraint::{Allowed, TokenConstraint};
+use crate::model::constraint::{Allowed, ConstraintState, Mask, TokenConstraint};
+use crate::model::token_trie::{feed, CharState, VocabIndex};
 use crate::swe::edit_grammar::EditGrammar;
 use crate::swe::subtask::{Subtask, SubtaskRecord};
 
@@ -278,6 +280,13 @@ impl TokenConstraint for AnswerGrammar {
             &|a| self.allowed_in_answer(a, remaining, pieces),
         ))
     }
+
+    fn start(&self) -> Option<Box<dyn ConstraintState>> {
+        Some(Box::new(Incremental::new(
+            LinesState::new(Arc::new(self.clone())),
+            self.reserve,
+        )))
+    }
 }
 
 impl TokenConstraint for EditGrammar {
@@ -290,6 +299,13 @@ impl TokenConstraint for EditGrammar {
             &|a| self.prefix_ok(a),
             &|a| self.allowed_in_answer(a, remaining, pieces),
         ))
+    }
+
+    fn start(&self) -> Option<Box<dyn ConstraintState>> {
+        Some(Box::new(Incremental::new(
+            crate::swe::edit_grammar::EditState::new(Arc::new(self.clone())),
+            self.reserve,
+        )))
     }
 }
 
@@ -339,6 +355,259 @@ fn think_then_answer(
             })
             .collect(),
         stop: false,
+    }
+}
+
+/// An answer grammar's character state that also knows its own mask (see
+/// [`AnswerGrammar::allowed_in_answer`]).
+pub trait AnswerState: CharState + std::fmt::Debug + Send {
+    /// The mask inside the answer, this state being the answer so far.
+    fn answer_mask(&self, remaining: usize, vocab: &VocabIndex) -> Mask;
+}
+
+/// The lines parsed so far of an [`AnswerGrammar`] answer (the loop state of its check).
+#[derive(Clone, Debug, Default)]
+struct LinesDone {
+    n: usize,
+    in_group: bool,
+    items: usize,
+    seen: BTreeSet<String>,
+}
+
+/// The incremental state of an [`AnswerGrammar`] answer: the opening fence matched so far, the
+/// complete lines and the unfinished one.
+#[derive(Clone, Debug)]
+pub struct LinesState {
+    g: Arc<AnswerGrammar>,
+    opened: usize,
+    done: Arc<LinesDone>,
+    rest: String,
+}
+
+impl LinesState {
+    /// The empty answer of `g`.
+    pub fn new(g: Arc<AnswerGrammar>) -> Self {
+        Self {
+            g,
+            opened: 0,
+            done: Arc::new(LinesDone::default()),
+            rest: String::new(),
+        }
+    }
+
+    fn group_done(&self) -> bool {
+        !self.done.in_group || !self.g.need_item || self.done.items > 0
+    }
+
+    fn closable(&self) -> bool {
+        self.done.n > 0 && self.group_done()
+    }
+
+    /// Whether the answer so far is whole.
+    pub fn complete(&self) -> bool {
+        self.opened == OPEN.len() && self.rest == CLOSE && self.closable()
+    }
+
+    /// Whether `rest` can still grow into a line or the close, ignoring repeats (a repeated
+    /// line may still grow into a new one).
+    fn alive(&self) -> bool {
+        (self.closable() && CLOSE.starts_with(&self.rest))
+            || (self.done.n < self.g.max_lines
+                && self
+                    .g
+                    .line_prefix_ok(&self.rest, self.done.in_group, self.group_done()))
+    }
+
+    fn end_line(&self) -> Option<Self> {
+        let (g, d, line) = (&self.g, &self.done, self.rest.as_str());
+        let heads = line.is_empty() || g.paths.contains(line);
+        if d.n >= g.max_lines
+            || !g.line_ok(line, d.in_group)
+            || (heads && !self.group_done())
+            || (!line.is_empty() && d.seen.contains(line))
+        {
+            return None;
+        }
+        let mut done = (**d).clone();
+        done.n += 1;
+        done.items = if heads { 0 } else { d.items + 1 };
+        done.in_group = !line.is_empty();
+        if !line.is_empty() {
+            done.seen.insert(line.to_string());
+        }
+        Some(Self {
+            g: g.clone(),
+            opened: self.opened,
+            done: Arc::new(done),
+            rest: String::new(),
+        })
+    }
+}
+
+impl CharState for LinesState {
+    fn push(&self, c: char) -> Option<Self> {
+        if self.opened < OPEN.len() {
+            let mut s = self.clone();
+            s.opened += OPEN[self.opened..].starts_with(c).then_some(1)?;
+            return Some(s);
+        }
+        if c == '\n' {
+            return self.end_line();
+        }
+        let mut s = self.clone();
+        s.rest.push(c);
+        s.alive().then_some(s)
+    }
+
+    fn accepts(&self) -> bool {
+        if self.opened < OPEN.len() {
+            return true;
+        }
+        (self.closable() && CLOSE.starts_with(&self.rest))
+            || (self.done.n < self.g.max_lines
+                && !self.done.seen.contains(&self.rest)
+                && self
+                    .g
+                    .line_prefix_ok(&self.rest, self.done.in_group, self.group_done()))
+    }
+}
+
+impl AnswerState for LinesState {
+    fn answer_mask(&self, remaining: usize, vocab: &VocabIndex) -> Mask {
+        let complete = self.complete();
+        let close = ["", "`", "``", CLOSE, "\n```"]
+            .into_iter()
+            .find(|c| feed(self, c).is_some_and(|s| s.complete()));
+        let mut pieces = vocab.empty();
+        if let Some(c) = close.filter(|c| !c.is_empty() && remaining <= c.len() + 2) {
+            vocab.trie.prefixes_of(c, 1, &mut pieces);
+            return Mask {
+                pieces,
+                stop: false,
+            };
+        }
+        if !complete {
+            vocab.trie.walk(self, &mut pieces);
+        }
+        Mask {
+            pieces,
+            stop: complete,
+        }
+    }
+}
+
+/// The next state of the longest suffix of the text that starts `</think>` (its only `<` is its
+/// first character, so no shorter match needs remembering).
+pub fn think_step(k: usize, c: char) -> usize {
+    if k < THINK_END.len() && THINK_END[k..].starts_with(c) {
+        k + 1
+    } else {
+        usize::from(c == '<')
+    }
+}
+
+/// The character state of a thought followed by an answer: how much of `</think>` the thought
+/// ends with, then the answer's own state.
+#[derive(Clone, Debug)]
+pub struct Think<A> {
+    k: usize,
+    answer: Option<A>,
+    fresh: A,
+}
+
+impl<A: Clone> Think<A> {
+    /// An empty thought whose answer starts as `fresh`.
+    pub fn new(fresh: A) -> Self {
+        Self {
+            k: 0,
+            answer: None,
+            fresh,
+        }
+    }
+
+    /// Whether the thought is over.
+    pub fn in_answer(&self) -> bool {
+        self.answer.is_some()
+    }
+}
+
+impl<A: CharState> CharState for Think<A> {
+    fn push(&self, c: char) -> Option<Self> {
+        let mut s = self.clone();
+        match &self.answer {
+            Some(a) => s.answer = Some(a.push(c)?),
+            None => {
+                s.k = think_step(self.k, c);
+                if s.k == THINK_END.len() {
+                    s.answer = Some(self.fresh.clone());
+                }
+            }
+        }
+        Some(s)
+    }
+
+    fn accepts(&self) -> bool {
+        self.answer.as_ref().is_none_or(|a| a.accepts())
+    }
+}
+
+/// [`think_then_answer`] on an incremental state.
+fn think_mask<A: AnswerState + Clone>(
+    s: &Think<A>,
+    remaining: usize,
+    reserve: usize,
+    vocab: &VocabIndex,
+) -> Mask {
+    if let Some(a) = &s.answer {
+        return a.answer_mask(remaining, vocab);
+    }
+    if remaining > reserve {
+        return Mask {
+            pieces: vocab.free_step(s),
+            stop: false,
+        };
+    }
+    // Budget forcing: pieces that continue `</think>`, possibly into the answer.
+    let need = &THINK_END[s.k..];
+    let mut pieces = vocab.empty();
+    vocab.trie.prefixes_of(need, 0, &mut pieces);
+    vocab.trie.walk_after(need, &s.fresh, &mut pieces);
+    Mask {
+        pieces,
+        stop: false,
+    }
+}
+
+/// The incremental state of a thought-then-answer grammar (no state once the text left it).
+#[derive(Debug)]
+pub struct Incremental<A> {
+    state: Option<Think<A>>,
+    reserve: usize,
+}
+
+impl<A: AnswerState + Clone> Incremental<A> {
+    /// A fresh sequence whose answer starts as `fresh`.
+    pub fn new(fresh: A, reserve: usize) -> Self {
+        Self {
+            state: Some(Think::new(fresh)),
+            reserve,
+        }
+    }
+}
+
+impl<A: AnswerState + Clone> ConstraintState for Incremental<A> {
+    fn advance(&mut self, piece: &str) {
+        self.state = self.state.take().and_then(|s| feed(&s, piece));
+    }
+
+    fn mask(&self, remaining: usize, vocab: &VocabIndex) -> Option<Mask> {
+        Some(match &self.state {
+            Some(s) => think_mask(s, remaining, self.reserve, vocab),
+            None => Mask {
+                pieces: vocab.empty(),
+                stop: false,
+            },
+        })
     }
 }
 

@@ -13,7 +13,8 @@
 
 use std::sync::Arc;
 
-use crate::model::constraint::{Allowed, TokenConstraint};
+use crate::model::constraint::{Allowed, ConstraintState, Mask, TokenConstraint};
+use crate::model::token_trie::VocabIndex;
 use crate::swe::grammar::{AnswerGrammar, THINK_END};
 use crate::swe::subtask::{Subtask, SubtaskRecord};
 
@@ -169,9 +170,17 @@ fn occurs(ground: &str, s: &str, whole: bool) -> bool {
     if s.is_empty() {
         return true;
     }
-    ground.match_indices(s).any(|(i, _)| {
-        starts_word(ground, i, s) && (!whole || ends_word("", s, &ground[i + s.len()..]))
-    })
+    occurrences(ground, s)
+        .any(|i| starts_word(ground, i, s) && (!whole || ends_word("", s, &ground[i + s.len()..])))
+}
+
+/// Every start of `s` in `ground`, overlapping ones included (`match_indices` skips those, and
+/// an overlapping occurrence may be the one that starts a word).
+fn occurrences<'a>(ground: &'a str, s: &'a str) -> impl Iterator<Item = usize> + 'a {
+    ground
+        .char_indices()
+        .map(|(i, _)| i)
+        .filter(move |&i| ground[i..].starts_with(s))
 }
 
 /// Where the thought stands: outside any quote, or inside one with this much quoted text.
@@ -245,9 +254,10 @@ impl GroundedThought {
         let next: Vec<&str> = match quoted {
             Some(q) if !q.is_empty() => self
                 .ground
-                .match_indices(q)
-                .filter(|&(i, _)| starts_word(&self.ground, i, q))
-                .map(|(i, _)| &self.ground[i + q.len()..])
+                .char_indices()
+                .map(|(i, _)| i)
+                .filter(|&i| self.ground[i..].starts_with(q) && starts_word(&self.ground, i, q))
+                .map(|i| &self.ground[i + q.len()..])
                 .collect(),
             _ => Vec::new(),
         };
@@ -296,6 +306,222 @@ impl TokenConstraint for GroundedThought {
             return Some(inner);
         }
         Some(Allowed {
+            pieces: both,
+            stop: inner.stop,
+        })
+    }
+
+    fn start(&self) -> Option<Box<dyn ConstraintState>> {
+        Some(Box::new(GroundedState {
+            inner: self.inner.start()?,
+            ground: GroundChar {
+                index: Arc::new(GroundIndex::new(&self.ground)),
+                quote: None,
+                k: 0,
+                ended: false,
+            },
+            faithful: self.faithful.clone(),
+            narrowed: None,
+            text: String::new(),
+            k: 0,
+        }))
+    }
+}
+
+/// Where each character occurs in the ground: everywhere, and where a word may start.
+#[derive(Debug)]
+struct GroundIndex {
+    text: String,
+    starts: std::collections::HashMap<char, (Arc<Vec<u32>>, Arc<Vec<u32>>)>,
+}
+
+impl GroundIndex {
+    fn new(text: &str) -> Self {
+        let mut map: std::collections::HashMap<char, (Vec<u32>, Vec<u32>)> = Default::default();
+        let mut prev_word = false;
+        for (i, c) in text.char_indices() {
+            let e = map.entry(c).or_default();
+            e.0.push(i as u32);
+            if !prev_word {
+                e.1.push(i as u32);
+            }
+            prev_word = is_word_char(c);
+        }
+        Self {
+            text: text.to_string(),
+            starts: map
+                .into_iter()
+                .map(|(c, (a, w))| (c, (Arc::new(a), Arc::new(w))))
+                .collect(),
+        }
+    }
+}
+
+/// An open quote: where its text occurs in the ground (at word starts where it starts with a
+/// word character), its length in bytes and whether it ends with a word character.
+#[derive(Clone, Debug)]
+struct OpenQuote {
+    at: Arc<Vec<u32>>,
+    len: usize,
+    last_word: bool,
+}
+
+/// The grounding's character state of a thought: the open quote, if any, and how much of
+/// `</think>` the text ends with; once the thought ends, what follows is the answer's business.
+#[derive(Clone, Debug)]
+struct GroundChar {
+    index: Arc<GroundIndex>,
+    quote: Option<OpenQuote>,
+    k: usize,
+    ended: bool,
+}
+
+impl GroundChar {
+    /// The open quote after `c`; `None` inside: `c` closed it. With `strict`, a quote that stops
+    /// being a copy (or closes where no word ends) is refused (`Err`); without, the state follows
+    /// the text anyway (an empty `at` then refuses everything, as the reference does).
+    fn quote_push(&self, q: &OpenQuote, c: char, strict: bool) -> Result<Option<OpenQuote>, ()> {
+        let text = &self.index.text;
+        if c == '`' {
+            // A quote closes around something, where a word of the prompt ends.
+            let closes = q.len > 0
+                && q.at.iter().any(|&i| {
+                    !q.last_word || !text[i as usize + q.len..].starts_with(is_word_char)
+                });
+            return if closes || !strict { Ok(None) } else { Err(()) };
+        }
+        let at = if q.len == 0 {
+            match self.index.starts.get(&c) {
+                Some((_, words)) if is_word_char(c) => words.clone(),
+                Some((all, _)) => all.clone(),
+                None => Arc::new(Vec::new()),
+            }
+        } else {
+            Arc::new(
+                q.at.iter()
+                    .copied()
+                    .filter(|&i| text[i as usize + q.len..].starts_with(c))
+                    .collect(),
+            )
+        };
+        if strict && at.is_empty() {
+            return Err(());
+        }
+        Ok(Some(OpenQuote {
+            at,
+            len: q.len + c.len_utf8(),
+            last_word: is_word_char(c),
+        }))
+    }
+
+    /// The state after `c` (see [`GroundChar::quote_push`] for `strict`).
+    fn step(&self, c: char, strict: bool) -> Option<Self> {
+        if self.ended {
+            return Some(self.clone());
+        }
+        let mut s = self.clone();
+        s.quote = match &self.quote {
+            Some(q) => self.quote_push(q, c, strict).ok()?,
+            None if c == '`' => Some(OpenQuote {
+                at: Arc::new(Vec::new()),
+                len: 0,
+                last_word: false,
+            }),
+            None => None,
+        };
+        s.k = crate::swe::grammar::think_step(self.k, c);
+        if s.k == THINK_END.len() {
+            // The thought may end outside a quote only.
+            if strict && s.quote.is_some() {
+                return None;
+            }
+            s.ended = true;
+        }
+        Some(s)
+    }
+}
+
+impl crate::model::token_trie::CharState for GroundChar {
+    fn push(&self, c: char) -> Option<Self> {
+        self.step(c, true)
+    }
+
+    fn accepts(&self) -> bool {
+        // An open quote that no longer copies the ground refuses even the empty piece.
+        self.quote
+            .as_ref()
+            .is_none_or(|q| q.len == 0 || !q.at.is_empty())
+    }
+}
+
+/// The incremental state of a [`GroundedThought`].
+#[derive(Debug)]
+struct GroundedState {
+    inner: Box<dyn ConstraintState>,
+    ground: GroundChar,
+    faithful: Option<Faithful>,
+    /// The answer grammar narrowed to the thought's quotes, once the thought ended.
+    narrowed: Option<Box<dyn ConstraintState>>,
+    text: String,
+    k: usize,
+}
+
+impl ConstraintState for GroundedState {
+    fn advance(&mut self, piece: &str) {
+        self.inner.advance(piece);
+        if let Some(n) = &mut self.narrowed {
+            n.advance(piece);
+            return;
+        }
+        let before = self.text.len();
+        self.text.push_str(piece);
+        let ended = self.k == THINK_END.len();
+        if ended {
+            return;
+        }
+        for c in piece.chars() {
+            if let Some(g) = self.ground.step(c, false) {
+                self.ground = g;
+            }
+        }
+        for (j, c) in piece.char_indices() {
+            self.k = crate::swe::grammar::think_step(self.k, c);
+            if self.k == THINK_END.len() {
+                let end = before + j + c.len_utf8() - THINK_END.len();
+                if let Some(f) = &self.faithful {
+                    let g = f.narrow(&quotes(&self.text[..end]));
+                    self.narrowed = g.start().map(|mut s| {
+                        s.advance(&self.text);
+                        s
+                    });
+                }
+                return;
+            }
+        }
+    }
+
+    fn mask(&self, remaining: usize, vocab: &VocabIndex) -> Option<Mask> {
+        if self.k == THINK_END.len() {
+            return match &self.narrowed {
+                Some(n) => n.mask(remaining, vocab),
+                None => self.inner.mask(remaining, vocab),
+            };
+        }
+        let inner = self.inner.mask(remaining, vocab)?;
+        let mut both = inner.pieces.clone();
+        let g = &self.ground;
+        if g.quote.is_none() {
+            both.intersect(&vocab.free_step(g));
+        } else {
+            let mut ground = vocab.empty();
+            vocab.trie.walk(g, &mut ground);
+            both.intersect(&ground);
+        }
+        // Never leave nothing to sample: then the answer grammar alone decides.
+        if !inner.stop && both.is_empty() {
+            return Some(inner);
+        }
+        Some(Mask {
             pieces: both,
             stop: inner.stop,
         })
