@@ -3,11 +3,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use sorft::engine::rng::SplitMix;
+use sorft::rft::p2t::flawed::{BlindInstance, FlawedTeacher};
 use sorft::rft::p2t::forward::{self, select, ForwardConfig};
 use sorft::rft::p2t::graph::NodeKind;
+use sorft::rft::p2t::grounded::unseen;
 use sorft::rft::p2t::progress::{score_all, score_step, ProgressConfig};
-use sorft::rft::p2t::trajectory::{Observations, Step};
-use sorft::rft::p2t::{curate_stage1, graphs, Curation, P2tConfig};
+use sorft::rft::p2t::trajectory::{Observations, Step, StepKind};
+use sorft::rft::p2t::{curate_stage1, graphs, Curation, P2tConfig, Stage1Run};
 use sorft::rft::teacher::TeacherItem;
 use sorft::swe::diff::{FilePatch, Patch};
 use sorft::swe::instance::Instance;
@@ -54,6 +57,17 @@ fn items<'a>(inst: &'a Instance, recs: &'a [SubtaskRecord]) -> Vec<TeacherItem<'
             problem: &inst.problem_statement,
         })
         .collect()
+}
+
+fn run(mode: Curation, cfg: &P2tConfig, seed: u64) -> Stage1Run<'_> {
+    Stage1Run {
+        mode,
+        cfg,
+        samples_per_prompt: 4,
+        seed,
+        edit_reward: EditReward::LineFbeta,
+        check: None,
+    }
 }
 
 fn failing(inst: &Instance) -> BTreeMap<String, Vec<String>> {
@@ -232,24 +246,10 @@ fn p2t_curates_shorter_grounded_responses_than_outcome_filtering_on_the_same_bud
     let (mut p2t_grounded, mut out_grounded) = (0.0, 0.0);
     let mut flawed = 0usize;
     for seed in 0..6 {
-        let ((kept, _), st, _) = curate_stage1(
-            &its,
-            &failing(&inst),
-            Curation::P2t,
-            &cfg,
-            4,
-            seed,
-            EditReward::LineFbeta,
-        );
-        let ((okept, _), ost, _) = curate_stage1(
-            &its,
-            &failing(&inst),
-            Curation::Outcome,
-            &cfg,
-            4,
-            seed,
-            EditReward::LineFbeta,
-        );
+        let ((kept, _), st, _) =
+            curate_stage1(&its, &failing(&inst), &run(Curation::P2t, &cfg, seed)).unwrap();
+        let ((okept, _), ost, _) =
+            curate_stage1(&its, &failing(&inst), &run(Curation::Outcome, &cfg, seed)).unwrap();
         assert!(
             st.sampled_steps <= ost.sampled_steps + cfg.forward.window * cfg.forward.candidates,
             "{st:?} {ost:?}"
@@ -314,4 +314,164 @@ fn quick_repro_runs_end_to_end_with_p2t_curation() {
     )
     .unwrap();
     assert!(stats["examples"].as_u64().unwrap() > 0, "{stats}");
+}
+
+fn one_flaw(f: impl Fn(&mut FlawedTeacher)) -> FlawedTeacher {
+    let mut t = FlawedTeacher {
+        detour: 0.0,
+        repeat: 0.0,
+        peek: 0.0,
+        wrong: 0.0,
+        leak: 0.0,
+        cite: 0.0,
+        ..FlawedTeacher::default()
+    };
+    f(&mut t);
+    t
+}
+
+#[test]
+fn each_flaw_knob_produces_its_flaw_and_the_anchored_teacher_reaches_the_fix() {
+    let (inst, recs) = setup();
+    let refs: Vec<&SubtaskRecord> = recs.iter().collect();
+    let blind = BlindInstance::new(&refs, &inst.problem_statement);
+    let g = graphs(&items(&inst, &recs), &failing(&inst)).remove(0);
+    let obs = Observations::of(&refs);
+    let good = good_trajectory();
+    let at_function = &good[..2];
+    let mut rng = SplitMix::new(1);
+    // A wrong answer commits to another shown definition: off target.
+    let wrong = one_flaw(|t| t.wrong = 1.0);
+    let s = wrong.next_step(&blind, at_function, &mut rng).unwrap();
+    assert_eq!(s.kind, StepKind::Answer);
+    // A detour reasons about another shown definition.
+    let detour = one_flaw(|t| t.detour = 1.0);
+    let s = detour.next_step(&blind, at_function, &mut rng).unwrap();
+    assert_eq!(s.kind, StepKind::Reason);
+    assert!(s.text.contains("could also be responsible"), "{}", s.text);
+    // A repeat copies the last reasoning step.
+    let repeat = one_flaw(|t| t.repeat = 1.0);
+    let s = repeat.next_step(&blind, &good[..3], &mut rng).unwrap();
+    assert_eq!(s.text, good[2].text);
+    // A leaking answer cites a later stage's fact in its prose: the gate rejects it.
+    let leak = one_flaw(|t| t.leak = 1.0);
+    let mut planned = good[..2].to_vec();
+    let mut r = Step::reason(Subtask::Function, "Looking at the definitions.");
+    r.plan = Some(good[3].text.clone());
+    planned.push(r);
+    let mut leaked = 0;
+    for _ in 0..10 {
+        let s = leak.next_step(&blind, &planned, &mut rng).unwrap();
+        assert_eq!(s.kind, StepKind::Answer);
+        assert!(s.text.ends_with(&good[3].text), "{}", s.text);
+        leaked += !unseen(&s, &obs.seen(Subtask::Function)).is_empty() as usize;
+    }
+    assert!(leaked > 0);
+    // Anchored on the located line, the teacher's edit changes that line: the one known change
+    // of `(2 if` is not the gold fix here, but it edits the faulty line and names it.
+    let anchored = one_flaw(|t| {
+        t.anchor = 1.0;
+        t.follow = 1.0;
+    });
+    let at_edit = &good[..6];
+    let think = anchored.next_step(&blind, at_edit, &mut rng).unwrap();
+    assert!(
+        think.text.contains("Line 8 of shop/money.py"),
+        "{}",
+        think.text
+    );
+    let plan = think.plan.clone().unwrap();
+    assert!(
+        plan.contains("SEARCH\n        return [base + (2 if i < extra else 0)"),
+        "{plan}"
+    );
+    let mut est = BTreeSet::new();
+    for st in at_edit {
+        score_step(&g, st, &mut est, &ProgressConfig::default());
+    }
+    assert!(g
+        .frontier(&est)
+        .iter()
+        .any(|&n| g.nodes[n].kind == NodeKind::Fix));
+}
+
+#[test]
+fn a_stepwise_candidate_carries_at_most_one_establishing_step() {
+    let (inst, recs) = setup();
+    let refs: Vec<&SubtaskRecord> = recs.iter().collect();
+    let blind = BlindInstance::new(&refs, &inst.problem_statement);
+    let g = graphs(&items(&inst, &recs), &failing(&inst)).remove(0);
+    let teacher = FlawedTeacher::default();
+    let cfg = ProgressConfig::default();
+    for seed in 0..40 {
+        let c = forward::stepwise_candidate(
+            &g,
+            &blind,
+            &teacher,
+            &BTreeSet::new(),
+            &[],
+            4,
+            4,
+            &cfg,
+            seed,
+        );
+        assert!(!c.is_empty() && c.len() <= 4);
+        let scores = score_all(&g, &c, &cfg);
+        let establishing = scores.iter().filter(|s| !s.established.is_empty()).count();
+        assert!(establishing <= 1, "{c:?}");
+        // Only the last step may establish a node or answer.
+        for (k, st) in c.iter().enumerate().take(c.len() - 1) {
+            assert!(scores[k].established.is_empty() && st.kind == StepKind::Reason);
+        }
+        // The budget bounds it.
+        let short = forward::stepwise_candidate(
+            &g,
+            &blind,
+            &teacher,
+            &BTreeSet::new(),
+            &[],
+            4,
+            1,
+            &cfg,
+            seed,
+        );
+        assert_eq!(short.len(), 1);
+    }
+}
+
+#[test]
+fn a_failing_execution_check_drops_every_chain_that_answered_the_edit() {
+    let (inst, recs) = setup();
+    let its = items(&inst, &recs);
+    let cfg = P2tConfig::default();
+    let deny = |_: &[&SubtaskRecord], a: &[Vec<String>]| -> anyhow::Result<Vec<Vec<bool>>> {
+        Ok(a.iter().map(|x| vec![false; x.len()]).collect())
+    };
+    let allow = |_: &[&SubtaskRecord], a: &[Vec<String>]| -> anyhow::Result<Vec<Vec<bool>>> {
+        Ok(a.iter().map(|x| vec![true; x.len()]).collect())
+    };
+    let mut dropped = 0;
+    for seed in 0..4 {
+        let mut r = run(Curation::Outcome, &cfg, seed);
+        let ((open, _), ost, _) = curate_stage1(&its, &failing(&inst), &r).unwrap();
+        r.check = Some(&allow);
+        let ((allowed, _), ast, _) = curate_stage1(&its, &failing(&inst), &r).unwrap();
+        assert_eq!(open, allowed);
+        assert_eq!(ast.failed_execution, 0);
+        r.check = Some(&deny);
+        let ((kept, acc), st, _) = curate_stage1(&its, &failing(&inst), &r).unwrap();
+        // Same trajectories; those with an edit answer lose all their examples.
+        assert_eq!(st.trajectories, ost.trajectories);
+        assert!(kept.len() <= open.len());
+        assert!(kept
+            .iter()
+            .all(|(i, _)| its[*i].record.subtask != Subtask::Edit));
+        assert_eq!(
+            acc.get("edit").map_or(0, |a| a.failed_execution),
+            st.failed_execution
+        );
+        assert_eq!(st.resolved, 0);
+        dropped += st.failed_execution;
+    }
+    assert!(dropped > 0);
 }

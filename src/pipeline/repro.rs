@@ -548,7 +548,14 @@ pub fn run_repro<B: Backend>(
             (k, a, String::new(), failforge_md)
         }
         mode => {
-            let (k, a, md) = crate::pipeline::p2t_stage1::curate(out, &items, &train, mode, cfg)?;
+            let (k, a, md) = crate::pipeline::p2t_stage1::curate(
+                out,
+                &items,
+                &train,
+                &data.join("repos"),
+                mode,
+                cfg,
+            )?;
             (k, a, md, String::new())
         }
     };

@@ -1,5 +1,9 @@
 //! The forward phase: a receding-horizon window over a trajectory. From the committed prefix the
-//! blinded teacher samples candidate segments; each prefix of a candidate is scored by its
+//! blinded teacher samples candidate segments. Step-wise decoding (`stepwise`, the default):
+//! each candidate is sampled one step at a time and ends after its first step that establishes a
+//! reachable G* node, after an answer (which moves to the next stage), or at the window, so it
+//! carries at most one step of progress and a miss costs few teacher steps; otherwise each
+//! candidate is a whole window of steps. Each prefix of a candidate is scored by its
 //! effectiveness, windowed progress (mean Prog_t, clipped to [0, 1]) times groundedness (share of
 //! grounded steps); with the gate on, a segment with an ungrounded step is rejected. The shortest
 //! prefix that clears the floor wins (ties: higher effectiveness, then earlier candidate); it is
@@ -10,13 +14,13 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::rng::random_u64;
+use crate::engine::rng::{random_u64, SplitMix};
 
 use super::flawed::{BlindInstance, FlawedTeacher};
 use super::graph::ProcessGraph;
 use super::grounded::unseen;
 use super::progress::{score_step, ProgressConfig};
-use super::trajectory::{current_stage, Observations, Step};
+use super::trajectory::{current_stage, Observations, Step, StepKind};
 
 /// Knobs of the forward phase.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,6 +41,9 @@ pub struct ForwardConfig {
     /// Most steps of a chosen segment committed before the window advances (0: the whole
     /// segment; `window / 2`: the paper's half-window advance, which costs more teacher steps).
     pub commit: usize,
+    /// Step-wise candidate decoding: a candidate ends after its first step that establishes a
+    /// reachable node (or after an answer); `false` samples whole windows.
+    pub stepwise: bool,
     /// Penalties of Prog_t.
     pub progress: ProgressConfig,
 }
@@ -45,12 +52,13 @@ impl Default for ForwardConfig {
     fn default() -> Self {
         Self {
             window: 4,
-            candidates: 2,
+            candidates: 4,
             floor: 0.6,
             gate: true,
             shortest: true,
-            patience: 8,
+            patience: 12,
             commit: 0,
+            stepwise: true,
             progress: ProgressConfig::default(),
         }
     }
@@ -150,6 +158,39 @@ pub struct Curated {
     pub complete: bool,
 }
 
+/// One step-wise candidate after `prefix` (whose established nodes are `est`): steps until one
+/// establishes a node, an answer, `window` steps, or `room` steps (the budget left).
+#[allow(clippy::too_many_arguments)]
+pub fn stepwise_candidate(
+    g: &ProcessGraph,
+    inst: &BlindInstance,
+    teacher: &FlawedTeacher,
+    est: &BTreeSet<usize>,
+    prefix: &[Step],
+    window: usize,
+    room: usize,
+    progress: &ProgressConfig,
+    seed: u64,
+) -> Vec<Step> {
+    let mut rng = SplitMix::new(seed);
+    let mut all = prefix.to_vec();
+    let mut est = est.clone();
+    let mut out = Vec::new();
+    while out.len() < window.max(1).min(room) {
+        let Some(st) = teacher.next_step(inst, &all, &mut rng) else {
+            break;
+        };
+        let s = score_step(g, &st, &mut est, progress);
+        let end = !s.established.is_empty() || st.kind == StepKind::Answer;
+        all.push(st.clone());
+        out.push(st);
+        if end {
+            break;
+        }
+    }
+    out
+}
+
 /// Curates one instance's trajectory within `budget` sampled teacher steps.
 pub fn curate(
     g: &ProcessGraph,
@@ -170,18 +211,37 @@ pub fn curate(
     } else {
         cfg.commit
     };
+    let window = cfg.window.max(1);
     while current_stage(&chain, &out.steps).is_some() && misses < cfg.patience {
-        if out.sampled_steps + cfg.window.max(1) * cfg.candidates.max(1) > budget {
+        if !cfg.stepwise && out.sampled_steps + window * cfg.candidates.max(1) > budget {
             break;
         }
-        let cands: Vec<Vec<Step>> = (0..cfg.candidates.max(1))
-            .map(|c| {
-                let s = random_u64(seed, round, c as u64);
-                teacher.continue_from(inst, &out.steps, cfg.window.max(1), s)
-            })
-            .collect();
+        let mut cands: Vec<Vec<Step>> = Vec::new();
+        for c in 0..cfg.candidates.max(1) {
+            let s = random_u64(seed, round, c as u64);
+            let cand = if cfg.stepwise {
+                let room = budget.saturating_sub(out.sampled_steps);
+                stepwise_candidate(
+                    g,
+                    inst,
+                    teacher,
+                    &est,
+                    &out.steps,
+                    window,
+                    room,
+                    &cfg.progress,
+                    s,
+                )
+            } else {
+                teacher.continue_from(inst, &out.steps, window, s)
+            };
+            out.sampled_steps += cand.len();
+            cands.push(cand);
+        }
         round += 1;
-        out.sampled_steps += cands.iter().map(Vec::len).sum::<usize>();
+        if cands.iter().all(Vec::is_empty) {
+            break;
+        }
         let scores: Vec<Vec<(f64, bool)>> = cands
             .iter()
             .map(|c| score_prefixes(g, obs, &est, c, cfg))

@@ -1,5 +1,6 @@
 //! The groundedness gate: every entity a step names (a quoted name or line of code, a path, and in
-//! answers the named files, definitions, lines and SEARCH text) must already have appeared in
+//! answers the named files, definitions, lines and SEARCH text, and what the prose around the
+//! answer's block quotes) must already have appeared in
 //! what the trajectory observed. A step that names an unseen entity is ungrounded: it leaks a fact
 //! the teacher could not have known at that point.
 
@@ -44,6 +45,11 @@ fn quoted_references(step: &Step) -> Vec<&str> {
         .collect()
 }
 
+/// The text of an answer outside its fenced blocks.
+fn prose(text: &str) -> String {
+    text.split("```").step_by(2).collect::<Vec<_>>().join(" ")
+}
+
 /// The entities a step names.
 pub fn entities(step: &Step) -> Vec<Entity> {
     let mut out: Vec<Entity> = Vec::new();
@@ -61,32 +67,37 @@ pub fn entities(step: &Step) -> Vec<Entity> {
                 push(Entity::Text(p));
             }
         }
-        StepKind::Answer => match step.stage {
-            Subtask::File => {
-                for p in answer::parse_files(&step.text) {
-                    push(Entity::Text(p));
-                }
+        StepKind::Answer => {
+            for q in quotes(&prose(&step.text)) {
+                push(Entity::Text(q.trim().to_string()));
             }
-            Subtask::Function => {
-                for f in answer::parse_functions(&step.text) {
-                    push(Entity::Text(f.path));
-                    push(Entity::Text(f.name));
+            match step.stage {
+                Subtask::File => {
+                    for p in answer::parse_files(&step.text) {
+                        push(Entity::Text(p));
+                    }
                 }
-            }
-            Subtask::Line => {
-                for l in answer::parse_lines(&step.text) {
-                    push(Entity::Line(l.path, l.line));
+                Subtask::Function => {
+                    for f in answer::parse_functions(&step.text) {
+                        push(Entity::Text(f.path));
+                        push(Entity::Text(f.name));
+                    }
                 }
-            }
-            Subtask::Edit => {
-                for b in answer::parse_edit(&step.text) {
-                    push(Entity::Text(b.path.clone()));
-                    for l in b.search.lines().map(str::trim).filter(|l| !l.is_empty()) {
-                        push(Entity::Text(l.to_string()));
+                Subtask::Line => {
+                    for l in answer::parse_lines(&step.text) {
+                        push(Entity::Line(l.path, l.line));
+                    }
+                }
+                Subtask::Edit => {
+                    for b in answer::parse_edit(&step.text) {
+                        push(Entity::Text(b.path.clone()));
+                        for l in b.search.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                            push(Entity::Text(l.to_string()));
+                        }
                     }
                 }
             }
-        },
+        }
     }
     out
 }
@@ -171,5 +182,16 @@ mod tests {
             unseen(&func, &seen()),
             vec![Entity::Text("Money.format".into())]
         );
+        // An answer whose prose cites code not yet seen leaks it, although its block is grounded.
+        let leaky = Step::answer(
+            Subtask::File,
+            "The culprit is `return [self] * (n + 1)`.\n```\npkg/money.py\n```",
+        );
+        assert_eq!(
+            unseen(&leaky, &seen()),
+            vec![Entity::Text("return [self] * (n + 1)".into())]
+        );
+        let plain = Step::answer(Subtask::File, "```\npkg/money.py\n```");
+        assert!(unseen(&plain, &seen()).is_empty());
     }
 }

@@ -14,13 +14,13 @@ pub mod progress;
 pub mod reverse;
 pub mod trajectory;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::model::chat::Message;
 use crate::rft::teacher::{Acceptance, IndexedKept, TeacherItem};
-use crate::swe::subtask::EditReward;
+use crate::swe::subtask::{EditReward, Subtask, SubtaskRecord};
 
 use flawed::{BlindInstance, FlawedTeacher};
 use forward::ForwardConfig;
@@ -76,6 +76,10 @@ pub struct CurationStats {
     pub trajectories: usize,
     /// Trajectories that answered every stage.
     pub complete: usize,
+    /// Trajectories whose edit resolved the instance in the sandbox (0 without the check).
+    pub resolved: usize,
+    /// Trajectories dropped because their edit did not resolve the instance.
+    pub failed_execution: usize,
     /// Teacher steps sampled.
     pub sampled_steps: usize,
     /// Kept chat examples.
@@ -96,11 +100,13 @@ impl CurationStats {
     /// A markdown section.
     pub fn markdown(&self, cfg: &P2tConfig) -> String {
         format!(
-            "\n## Stage 1 curation ({})\n\n{} instances, {} trajectories ({} complete), {} teacher steps sampled, {} examples kept. G*: {:.1} nodes per instance.{}\n\n| mean response chars | reasoning steps per response | grounded steps | jumps per response |\n|---|---|---|---|\n| {:.1} | {:.2} | {:.1}% | {:.3} |\n",
+            "\n## Stage 1 curation ({})\n\n{} instances, {} trajectories ({} complete; execution check: {} edits resolved, {} chains dropped), {} teacher steps sampled, {} examples kept. G*: {:.1} nodes per instance.{}\n\n| mean response chars | reasoning steps per response | grounded steps | jumps per response |\n|---|---|---|---|\n| {:.1} | {:.2} | {:.1}% | {:.3} |\n",
             self.mode,
             self.instances,
             self.trajectories,
             self.complete,
+            self.resolved,
+            self.failed_execution,
             self.sampled_steps,
             self.examples,
             self.mean_graph_nodes,
@@ -158,6 +164,28 @@ pub fn graphs(
         .collect()
 }
 
+/// Runs edit answers in the sandbox: for `records[i]` and its answers `answers[i]`, whether each
+/// resolves its instance (in a repro run: `rft::accept::execution_passes`).
+pub type ExecutionCheck<'a> =
+    dyn Fn(&[&SubtaskRecord], &[Vec<String>]) -> anyhow::Result<Vec<Vec<bool>>> + 'a;
+
+/// How one stage-1 curation run is made.
+pub struct Stage1Run<'a> {
+    /// `Outcome` or `P2t` (`Rejection` is the caller's).
+    pub mode: Curation,
+    /// Teacher and forward-phase knobs.
+    pub cfg: &'a P2tConfig,
+    /// Samples per prompt: the teacher budget is this times `cfg.max_steps` steps per instance.
+    pub samples_per_prompt: usize,
+    /// Seed of every sample.
+    pub seed: u64,
+    /// Rule reward of edit answers.
+    pub edit_reward: EditReward,
+    /// With a check, a chain that answered the edit stage keeps its examples only when its edit
+    /// resolves the instance.
+    pub check: Option<&'a ExecutionCheck<'a>>,
+}
+
 /// Running totals of kept responses.
 #[derive(Default)]
 struct Tally {
@@ -168,23 +196,79 @@ struct Tally {
     jumps: usize,
 }
 
-/// Stage 1 data by `mode` (`Outcome` or `P2t`; `Rejection` is the caller's): kept chat examples
-/// with the index of their item, per-subtask counts, totals, and G* of every instance.
+/// Which chains' edits resolve their instance: `resolved[n][t]` for trajectory `t` of instance
+/// `n` (`true` when it has no edit answer, or without a check).
+pub fn resolved_chains(
+    items: &[TeacherItem<'_>],
+    groups: &[Vec<usize>],
+    trajectories: &[Vec<Vec<Step>>],
+    check: Option<&ExecutionCheck<'_>>,
+) -> anyhow::Result<Vec<Vec<bool>>> {
+    let mut out: Vec<Vec<bool>> = trajectories.iter().map(|ts| vec![true; ts.len()]).collect();
+    let Some(check) = check else {
+        return Ok(out);
+    };
+    let mut recs: Vec<&SubtaskRecord> = Vec::new();
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    let mut at: Vec<(usize, usize)> = Vec::new();
+    for (n, (idx, ts)) in groups.iter().zip(trajectories).enumerate() {
+        let Some(&e) = idx
+            .iter()
+            .find(|&&i| items[i].record.subtask == Subtask::Edit)
+        else {
+            continue;
+        };
+        for (t, steps) in ts.iter().enumerate() {
+            if let Some(resp) = stage_response(steps, Subtask::Edit) {
+                recs.push(items[e].record);
+                answers.push(vec![resp]);
+                at.push((n, t));
+            }
+        }
+    }
+    if recs.is_empty() {
+        return Ok(out);
+    }
+    let ran = check(&recs, &answers)?;
+    for ((n, t), ok) in at.into_iter().zip(ran) {
+        out[n][t] = ok.first().copied().unwrap_or(false);
+    }
+    Ok(out)
+}
+
+/// The teacher's trajectories of one instance: P2T's curated chain, or the outcome baseline's
+/// whole rollouts; with the steps sampled.
+fn trajectories_of(
+    run: &Stage1Run<'_>,
+    g: &ProcessGraph,
+    obs: &Observations,
+    blind: &BlindInstance,
+    iseed: u64,
+) -> (Vec<Vec<Step>>, usize) {
+    let cfg = run.cfg;
+    let k = run.samples_per_prompt.max(1);
+    let budget = k * cfg.max_steps;
+    if run.mode == Curation::P2t {
+        let c = forward::curate(g, obs, blind, &cfg.teacher, &cfg.forward, budget, iseed);
+        (vec![c.steps], c.sampled_steps)
+    } else {
+        let outs = forward::rollouts(blind, &cfg.teacher, k, cfg.max_steps, budget, iseed);
+        let n = outs.iter().map(Vec::len).sum();
+        (outs, n)
+    }
+}
+
+/// Stage 1 data of `run.mode`: kept chat examples with the index of their item, per-subtask
+/// counts, totals, and G* of every instance.
 pub fn curate_stage1(
     items: &[TeacherItem<'_>],
     failing: &BTreeMap<String, Vec<String>>,
-    mode: Curation,
-    cfg: &P2tConfig,
-    samples_per_prompt: usize,
-    seed: u64,
-    edit_reward: EditReward,
-) -> (IndexedKept, CurationStats, Vec<ProcessGraph>) {
+    run: &Stage1Run<'_>,
+) -> anyhow::Result<(IndexedKept, CurationStats, Vec<ProcessGraph>)> {
     let groups = by_instance(items);
     let gs = graphs(items, failing);
-    let mut kept = Vec::new();
-    let mut acc: BTreeMap<String, Acceptance> = BTreeMap::new();
     let mut stats = CurationStats {
-        mode: if mode == Curation::P2t {
+        mode: if run.mode == Curation::P2t {
             "p2t"
         } else {
             "outcome"
@@ -193,68 +277,45 @@ pub fn curate_stage1(
         instances: groups.len(),
         ..CurationStats::default()
     };
-    let mut tally = Tally::default();
+    let mut all: Vec<Vec<Vec<Step>>> = Vec::new();
+    let mut views: Vec<(Observations, Vec<Subtask>)> = Vec::new();
     for (n, ((_, idx), g)) in groups.iter().zip(&gs).enumerate() {
         let recs: Vec<_> = idx.iter().map(|&i| items[i].record).collect();
         let obs = Observations::of(&recs);
         let blind = BlindInstance::new(&recs, items[idx[0]].problem);
-        let iseed = crate::engine::rng::random_u64(seed, 0x9279, n as u64);
-        let budget = samples_per_prompt.max(1) * cfg.max_steps;
-        let trajectories: Vec<Vec<Step>> = if mode == Curation::P2t {
-            let c = forward::curate(g, &obs, &blind, &cfg.teacher, &cfg.forward, budget, iseed);
-            stats.sampled_steps += c.sampled_steps;
-            vec![c.steps]
-        } else {
-            let k = samples_per_prompt.max(1);
-            let outs = forward::rollouts(&blind, &cfg.teacher, k, cfg.max_steps, budget, iseed);
-            stats.sampled_steps += outs.iter().map(Vec::len).sum::<usize>();
-            outs
-        };
-        let mut seen: BTreeSet<(usize, String)> = BTreeSet::new();
-        for t in &trajectories {
+        let iseed = crate::engine::rng::random_u64(run.seed, 0x9279, n as u64);
+        let (ts, sampled) = trajectories_of(run, g, &obs, &blind, iseed);
+        stats.sampled_steps += sampled;
+        all.push(ts);
+        views.push((obs, blind.chain()));
+    }
+    let idxs: Vec<Vec<usize>> = groups.iter().map(|(_, v)| v.clone()).collect();
+    let resolved = resolved_chains(items, &idxs, &all, run.check)?;
+    let mut kept = Vec::new();
+    let mut acc: BTreeMap<String, Acceptance> = BTreeMap::new();
+    let mut tally = Tally::default();
+    for (n, idx) in idxs.iter().enumerate() {
+        let (obs, chain) = &views[n];
+        for (t, steps) in all[n].iter().enumerate() {
             stats.trajectories += 1;
-            stats.complete += (trajectory::current_stage(&blind.chain(), t).is_none()) as usize;
-            let scores = progress::score_all(g, t, &cfg.forward.progress);
-            for &i in idx {
-                let rec = items[i].record;
-                let a = acc.entry(rec.subtask.name().to_string()).or_default();
-                let Some(resp) = stage_response(t, rec.subtask) else {
-                    continue;
-                };
-                a.sampled += 1;
-                if rec.reward(&resp, edit_reward).reward <= 0.0 {
-                    continue;
-                }
-                a.passed += 1;
-                if !seen.insert((i, resp.clone())) {
-                    continue;
-                }
-                a.kept += 1;
-                let in_stage: Vec<usize> = (0..t.len())
-                    .filter(|&k| t[k].stage == rec.subtask)
-                    .collect();
-                tally.chars += resp.len();
-                tally.steps += in_stage.len();
-                tally.reason += in_stage
-                    .iter()
-                    .filter(|&&k| t[k].kind == trajectory::StepKind::Reason)
-                    .count();
-                tally.grounded += in_stage
-                    .iter()
-                    .filter(|&&k| grounded::unseen(&t[k], &obs.seen(rec.subtask)).is_empty())
-                    .count();
-                tally.jumps += in_stage
-                    .iter()
-                    .map(|&k| scores[k].jumps.len())
-                    .sum::<usize>();
-                kept.push((
-                    i,
-                    vec![
-                        Message::new("user", &rec.prompt),
-                        Message::new("assistant", &resp),
-                    ],
-                ));
+            let complete = trajectory::current_stage(chain, steps).is_none();
+            stats.complete += complete as usize;
+            if !resolved[n][t] {
+                stats.failed_execution += 1;
+                acc.entry(Subtask::Edit.name().to_string())
+                    .or_default()
+                    .failed_execution += 1;
+                continue;
             }
+            if run.check.is_some() && stage_response(steps, Subtask::Edit).is_some() {
+                stats.resolved += 1;
+            }
+            let ctx = Chain {
+                g: &gs[n],
+                obs,
+                steps,
+            };
+            keep_chain(items, idx, &ctx, run, &mut acc, &mut tally, &mut kept);
         }
     }
     let n = kept.len().max(1) as f64;
@@ -265,5 +326,70 @@ pub fn curate_stage1(
     stats.jumps_per_response = tally.jumps as f64 / n;
     stats.mean_graph_nodes =
         gs.iter().map(|g| g.nodes.len()).sum::<usize>() as f64 / gs.len().max(1) as f64;
-    ((kept, acc), stats, gs)
+    Ok(((kept, acc), stats, gs))
+}
+
+/// One trajectory with its instance's G* and views.
+struct Chain<'a> {
+    g: &'a ProcessGraph,
+    obs: &'a Observations,
+    steps: &'a [Step],
+}
+
+/// Keeps the stage responses of one chain that pass the rule filter (once each).
+fn keep_chain(
+    items: &[TeacherItem<'_>],
+    idx: &[usize],
+    c: &Chain<'_>,
+    run: &Stage1Run<'_>,
+    acc: &mut BTreeMap<String, Acceptance>,
+    tally: &mut Tally,
+    kept: &mut Vec<(usize, Vec<Message>)>,
+) {
+    let t = c.steps;
+    let scores = progress::score_all(c.g, t, &run.cfg.forward.progress);
+    for &i in idx {
+        let rec = items[i].record;
+        let a = acc.entry(rec.subtask.name().to_string()).or_default();
+        let Some(resp) = stage_response(t, rec.subtask) else {
+            continue;
+        };
+        a.sampled += 1;
+        if rec.reward(&resp, run.edit_reward).reward <= 0.0 {
+            continue;
+        }
+        a.passed += 1;
+        if kept
+            .iter()
+            .any(|(j, m)| *j == i && m.get(1).is_some_and(|m| m.content == resp))
+        {
+            continue;
+        }
+        a.kept += 1;
+        let in_stage: Vec<usize> = (0..t.len())
+            .filter(|&k| t[k].stage == rec.subtask)
+            .collect();
+        let seen = c.obs.seen(rec.subtask);
+        tally.chars += resp.len();
+        tally.steps += in_stage.len();
+        tally.reason += in_stage
+            .iter()
+            .filter(|&&k| t[k].kind == trajectory::StepKind::Reason)
+            .count();
+        tally.grounded += in_stage
+            .iter()
+            .filter(|&&k| grounded::unseen(&t[k], &seen).is_empty())
+            .count();
+        tally.jumps += in_stage
+            .iter()
+            .map(|&k| scores[k].jumps.len())
+            .sum::<usize>();
+        kept.push((
+            i,
+            vec![
+                Message::new("user", &rec.prompt),
+                Message::new("assistant", &resp),
+            ],
+        ));
+    }
 }
