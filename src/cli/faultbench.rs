@@ -10,7 +10,7 @@ use clap::Args;
 use sorft::engine::Cpu;
 use sorft::model::init::{init_model, Preset, EMBEDDED_CORPUS};
 use sorft::rft::monitor::bench::{
-    evaluate, load_records, run_bench, warm_policy, write_report, BenchConfig,
+    evaluate, load_records, remediate_phase, run_bench, warm_policy, write_report, BenchConfig,
 };
 use sorft::rft::monitor::taxonomy::FaultType;
 use sorft::rft::rl_run::load_items;
@@ -52,6 +52,91 @@ pub struct FaultbenchArgs {
     /// Re-run the test seeds' faults with remediation (default: on for the full benchmark).
     #[arg(long)]
     pub remediation: Option<bool>,
+    /// Only the remediation phase, on the records already under --out (tuned on them).
+    #[arg(long, conflicts_with = "score_only")]
+    pub remediate_only: bool,
+    /// New tokens per response (default 32; the constrained answer gets half).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// Run only shard K of N of the detection runs (`K/N`, K from 0), e.g. in two processes
+    /// sharing one --out; runs already recorded there are read back, not re-run.
+    #[arg(long)]
+    pub shard: Option<String>,
+}
+
+/// Parses `K/N` with `K < N`.
+fn shard(s: &str) -> Result<(usize, usize)> {
+    let bad = || format!("--shard {s:?}: expected K/N with 0 <= K < N, e.g. 0/2");
+    let (k, n) = s.split_once('/').with_context(bad)?;
+    let (k, n): (usize, usize) = (
+        k.trim().parse().with_context(bad)?,
+        n.trim().parse().with_context(bad)?,
+    );
+    anyhow::ensure!(k < n, "{}", bad());
+    Ok((k, n))
+}
+
+/// The benchmark's prompts: `--instances` synthetic instances generated under `out/data`.
+fn bench_items(a: &FaultbenchArgs) -> Result<Vec<sorft::rft::rl::RlItem>> {
+    let data = a.out.join("data");
+    let report = generate(
+        &SynthConfig {
+            n: a.instances,
+            seed: 5,
+            ..Default::default()
+        },
+        &data,
+        &|_| {},
+    )?;
+    let items = load_items(&report.instances, &data.join("repos"))?;
+    anyhow::ensure!(!items.is_empty(), "the synthetic instances gave no prompt");
+    Ok(items)
+}
+
+/// `--remediate-only`: tunes on the records under `--out`, re-runs the test seeds' faults with
+/// remediation from the model the detection phase used, and rewrites the report.
+fn remediate_only(a: &FaultbenchArgs, cfg: &BenchConfig) -> Result<()> {
+    let recs = load_records(&a.out)?;
+    anyhow::ensure!(
+        !recs.is_empty(),
+        "{}: no complete run pairs to remediate",
+        a.out.display()
+    );
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None if a.out.join("policy-sft").exists() => anyhow::bail!(
+            "{}: a warmed-up policy; pass it with --model",
+            a.out.display()
+        ),
+        None => a.out.join("model"),
+    };
+    anyhow::ensure!(
+        model.join("tokenizer.json").exists(),
+        "{}: no model (run the detection phase first, or pass --model)",
+        model.display()
+    );
+    let items = bench_items(a)?;
+    let t = std::time::Instant::now();
+    let (reference, tok) = sorft::model::load_dir(&Cpu, &model)?;
+    let tok = tok.with_context(|| format!("{}: no tokenizer.json", model.display()))?;
+    let mut r = evaluate(&recs, cfg);
+    let robust = r.robust.clone().unwrap_or_default();
+    r.remediation = Some(remediate_phase(
+        &Cpu,
+        &model,
+        &reference,
+        &tok,
+        &items,
+        cfg,
+        &recs,
+        &robust,
+        &a.out,
+        &mut |l| eprintln!("{l}"),
+    )?);
+    r.wall_s = recs.iter().map(|x| x.wall_s).sum::<f64>() + t.elapsed().as_secs_f64();
+    write_report(&a.out, &r, cfg)?;
+    print!("{}", std::fs::read_to_string(a.out.join("report.md"))?);
+    Ok(())
 }
 
 fn seeds(s: &str, flag: &str) -> Result<Vec<u64>> {
@@ -102,10 +187,23 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
     if let Some(r) = a.remediation {
         cfg.remediation = r;
     }
+    if let Some(s) = &a.shard {
+        cfg.shard = shard(s)?;
+    }
+    if let Some(n) = a.max_new_tokens {
+        anyhow::ensure!(
+            (8..=4096).contains(&n),
+            "--max-new-tokens {n}: between 8 and 4096"
+        );
+        cfg.rl.max_new_tokens = n;
+    }
     anyhow::ensure!(
         !cfg.tune_seeds.is_empty() && !cfg.test_seeds.is_empty(),
         "faultbench needs at least one tuning and one test seed"
     );
+    if a.remediate_only {
+        return remediate_only(&a, &cfg);
+    }
     if a.score_only {
         let recs = load_records(&a.out)?;
         anyhow::ensure!(
@@ -120,23 +218,15 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(&a.out).with_context(|| a.out.display().to_string())?;
-    let data = a.out.join("data");
-    let report = generate(
-        &SynthConfig {
-            n: a.instances,
-            seed: 5,
-            ..Default::default()
-        },
-        &data,
-        &|_| {},
-    )?;
-    let items = load_items(&report.instances, &data.join("repos"))?;
-    anyhow::ensure!(!items.is_empty(), "the synthetic instances gave no prompt");
+    let items = bench_items(&a)?;
     let model = match &a.model {
         Some(m) => m.clone(),
         None => {
             let m = a.out.join("model");
-            init_model(Preset::Tiny, &m, 1, &[EMBEDDED_CORPUS.to_string()])?;
+            // Another shard's process may have made it already (the same seed gives the same model).
+            if !m.join("tokenizer.json").exists() {
+                init_model(Preset::Tiny, &m, 1, &[EMBEDDED_CORPUS.to_string()])?;
+            }
             if a.warm_epochs == 0 {
                 m
             } else {

@@ -25,6 +25,9 @@ use crate::engine::Backend;
 use crate::model::{Model, Tokenizer};
 use crate::rft::rl::{RlConfig, RlItem, RlTrainer};
 
+/// New tokens per response of the benchmark's runs (the constrained answer needs about half).
+pub const TOKENS: usize = 32;
+
 /// What the benchmark runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchConfig {
@@ -50,6 +53,14 @@ pub struct BenchConfig {
     pub rerun_unrecoverable: bool,
     /// A remediated run recovers when its final reward is within this of its clean twin's.
     pub tolerance: f64,
+    /// Run only shard `.0` of `.1` of the detection runs (a faulty run and its clean twin stay
+    /// in one shard), so that several processes can share the work; (0, 1): all.
+    #[serde(default = "all_shards")]
+    pub shard: (usize, usize),
+}
+
+fn all_shards() -> (usize, usize) {
+    (0, 1)
 }
 
 impl BenchConfig {
@@ -61,9 +72,15 @@ impl BenchConfig {
             ppo_epochs: 1,
             minibatch: 4,
             lr: 1e-3,
-            max_new_tokens: 12,
+            // Enough for the constrained answer after the forced `</think>` (half the budget is
+            // kept for it): the fresh model then names shown paths and earns rewards, and a
+            // response that closes its answer stops before the budget.
+            max_new_tokens: TOKENS,
             max_prompt_tokens: 2048,
             temperature: 1.0,
+            // Grammar-constrained answers ([`crate::swe::grammar`]): positive rewards even for
+            // the fresh tiny model, so reward faults change the run.
+            constrain: true,
             // Updates every step even when a group's rewards tie (tiny models often score 0).
             entropy_coef: 0.01,
             skip_uniform_groups: false,
@@ -93,14 +110,16 @@ impl BenchConfig {
             remediation: false,
             rerun_unrecoverable: false,
             tolerance: 0.1,
+            shard: all_shards(),
         }
     }
 
-    /// The benchmark: every fault type, easy and hard on the test seed (easy on the tuning
-    /// seed), clean twins, remediation re-runs.
+    /// The benchmark: every fault type, easy and hard on two held-out test seeds (easy on the
+    /// tuning seed), clean twins, remediation re-runs.
     pub fn full() -> Self {
         Self {
             faults: FaultType::ALL.to_vec(),
+            test_seeds: vec![2, 3],
             strengths: vec![Strength::Easy, Strength::Hard],
             remediation: true,
             ..Self::quick()
@@ -378,6 +397,12 @@ pub struct Scores {
     pub overall: Prf,
     /// Alarms per 1,000 clean steps.
     pub false_alarms_per_1000: f64,
+    /// One-sided 95% upper bound of that rate (exact binomial, Clopper-Pearson).
+    #[serde(default)]
+    pub false_alarms_upper95: f64,
+    /// Clean steps the rate is over.
+    #[serde(default)]
+    pub clean_steps: usize,
     /// Mean detection delay (steps after the onset) of the detected faults.
     pub mean_delay: f64,
     /// Fault-type accuracy of the diagnosis on detected faults.
@@ -463,10 +488,47 @@ pub fn score(runs: &[&RunRecord], make: &dyn Fn() -> Box<dyn Detector>) -> Score
     s.f1_hard = mean_f1("hard");
     s.overall = prf(tp_all, fp_all, nf_all);
     s.false_alarms_per_1000 = 1000.0 * clean_alarms as f64 / clean_steps.max(1) as f64;
+    s.false_alarms_upper95 = 1000.0 * binomial_upper95(clean_alarms, clean_steps);
+    s.clean_steps = clean_steps;
     s.mean_delay = delays.iter().sum::<f64>() / delays.len().max(1) as f64;
     s.type_accuracy = type_ok as f64 / diagnosed.max(1) as f64;
     s.family_accuracy = fam_ok as f64 / diagnosed.max(1) as f64;
     s
+}
+
+/// ln C(n, k) + k ln p + (n - k) ln (1 - p), the log-probability of `k` events in `n` trials.
+fn ln_binom_pmf(k: usize, n: usize, p: f64) -> f64 {
+    let ln_choose: f64 = (0..k)
+        .map(|i| ((n - i) as f64).ln() - ((i + 1) as f64).ln())
+        .sum();
+    let tail = if n > k {
+        (n - k) as f64 * (-p).ln_1p()
+    } else {
+        0.0
+    };
+    ln_choose + if k > 0 { k as f64 * p.ln() } else { 0.0 } + tail
+}
+
+/// The one-sided 95% upper bound of a rate seen `k` times in `n` trials: the `p` at which
+/// `P(X <= k) = 0.05` (Clopper-Pearson; `k = 0` gives `1 - 0.05^(1/n)`, about `3 / n`).
+pub fn binomial_upper95(k: usize, n: usize) -> f64 {
+    if n == 0 {
+        return 1.0;
+    }
+    if k >= n {
+        return 1.0;
+    }
+    let cdf = |p: f64| -> f64 { (0..=k).map(|i| ln_binom_pmf(i, n, p).exp()).sum() };
+    let (mut lo, mut hi) = (k as f64 / n as f64, 1.0);
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        if cdf(mid) > 0.05 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
 }
 
 /// The objective of tuning: mean F1 (easy and hard), heavily penalised above 1 false alarm per
@@ -492,20 +554,23 @@ pub struct Tuned {
 /// Tunes every detector on `tune` (grid search on [`objective`]).
 pub fn tune(tune: &[&RunRecord], reward: (f64, f64)) -> Tuned {
     let mut best = (f64::NEG_INFINITY, RobustConfig::default());
-    for z in [3.0, 4.0, 5.0, 6.0, 8.0, 10.0] {
-        for h in [3.0, 4.0, 6.0, 10.0, 1e9] {
-            let c = RobustConfig {
-                z_threshold: z,
-                cusum_h: h,
-                reward_range: Some(reward),
-                ..RobustConfig::default()
-            };
-            let cc = c.clone();
-            let s = score(tune, &move || Box::new(RobustDetector::new(cc.clone())));
-            let o = objective(&s);
-            if o > best.0 {
-                best = (o, c);
-            }
+    let grid = [3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
+        .into_iter()
+        .flat_map(|z| [3.0, 4.0, 6.0, 10.0, 1e9].map(|h| (z, h)))
+        .flat_map(|(z, h)| [0.0, 0.5, -1.0].map(|d| (z, h, d)));
+    for (z, h, d) in grid {
+        let c = RobustConfig {
+            z_threshold: z,
+            cusum_h: h,
+            disagree_limit: d,
+            reward_range: Some(reward),
+            ..RobustConfig::default()
+        };
+        let cc = c.clone();
+        let s = score(tune, &move || Box::new(RobustDetector::new(cc.clone())));
+        let o = objective(&s);
+        if o > best.0 {
+            best = (o, c);
         }
     }
     let mut bz = (f64::NEG_INFINITY, 3.0);
@@ -574,8 +639,104 @@ pub struct BenchReport {
     pub baselines: (f64, f64),
     /// Remediation.
     pub remediation: Option<RemediationScores>,
+    /// Per fault type, what the injection changed against the clean twins (all seeds).
+    #[serde(default)]
+    pub effects: BTreeMap<String, Effect>,
+    /// Mean reward over every step of the clean runs (is there a reward to corrupt?).
+    #[serde(default)]
+    pub clean_reward_mean: f64,
+    /// Share of the clean runs' steps with a reward spread (some response scored above another).
+    #[serde(default)]
+    pub clean_spread_frac: f64,
     /// Wall seconds.
     pub wall_s: f64,
+}
+
+/// What a fault type's injection changed, over its faulty runs and their clean twins.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Effect {
+    /// Faulty runs with a clean twin.
+    pub runs: usize,
+    /// Those whose records from the onset on differ from the twin's (timings aside).
+    pub changed: usize,
+    /// Those whose step rewards from the onset on differ from the twin's.
+    pub reward_changed: usize,
+    /// Mean final reward of the faulty runs.
+    pub final_faulty: f64,
+    /// Mean final reward of their clean twins.
+    pub final_clean: f64,
+}
+
+/// Timings and memory differ between any two runs: not an effect of the fault.
+fn is_timing(key: &str) -> bool {
+    key.starts_with("time_") || key == "rollout_tokens_per_s" || key == "peak_rss_mib"
+}
+
+fn differs(a: &StepRecord, b: &StepRecord, only: Option<&str>) -> bool {
+    let keys = a.values.keys().chain(b.values.keys());
+    keys.filter(|k| !is_timing(k) && only.is_none_or(|o| k.as_str() == o))
+        .any(|k| match (a.values.get(k), b.values.get(k)) {
+            (Some(x), Some(y)) => (x - y).abs() > 1e-9 * (1.0 + x.abs().max(y.abs())),
+            _ => true,
+        })
+}
+
+/// Per fault type, how its faulty runs differ from their clean twins (same seed and RL seed).
+pub fn effects(records: &[RunRecord]) -> BTreeMap<String, Effect> {
+    let mut out: BTreeMap<String, Effect> = BTreeMap::new();
+    for r in records {
+        let Some(ft) = r.spec.fault else { continue };
+        let twin = records.iter().find(|c| {
+            c.spec.fault.is_none()
+                && c.spec.seed == r.spec.seed
+                && c.spec.rl_seed == r.spec.rl_seed
+                && c.spec.strength == r.spec.strength
+        });
+        let Some(c) = twin else { continue };
+        let after = |x: &RunRecord| -> Vec<StepRecord> {
+            x.steps
+                .iter()
+                .filter(|s| s.step >= r.spec.onset)
+                .cloned()
+                .collect()
+        };
+        let (fa, ca) = (after(r), after(c));
+        let any = |only: Option<&str>| {
+            fa.len() != ca.len() || fa.iter().zip(&ca).any(|(a, b)| differs(a, b, only))
+        };
+        let e = out.entry(ft.name().to_string()).or_default();
+        e.runs += 1;
+        e.changed += usize::from(any(None));
+        e.reward_changed += usize::from(any(Some("reward_mean")) || any(Some("reward_std")));
+        e.final_faulty += r.final_reward;
+        e.final_clean += c.final_reward;
+    }
+    for e in out.values_mut() {
+        e.final_faulty /= e.runs.max(1) as f64;
+        e.final_clean /= e.runs.max(1) as f64;
+    }
+    out
+}
+
+/// Mean reward of the clean runs' steps and the share of those steps whose rewards spread.
+pub fn clean_rewards(records: &[RunRecord]) -> (f64, f64) {
+    let steps: Vec<&StepRecord> = records
+        .iter()
+        .filter(|r| r.spec.fault.is_none())
+        .flat_map(|r| &r.steps)
+        .collect();
+    let n = steps.len().max(1) as f64;
+    let mean = steps
+        .iter()
+        .filter_map(|s| s.get("reward_mean"))
+        .sum::<f64>()
+        / n;
+    let spread = steps
+        .iter()
+        .filter(|s| s.get("reward_std").is_some_and(|x| x > 1e-9))
+        .count() as f64
+        / n;
+    (mean, spread)
 }
 
 /// Runs the benchmark: all runs (monitor off, records written under `out`), tuning, scoring,
@@ -593,9 +754,22 @@ pub fn run_bench<B: Backend>(
     std::fs::create_dir_all(out)?;
     let (reference, tok) = crate::model::load_dir(be, model_dir)?;
     let tok = tok.ok_or_else(|| anyhow::anyhow!("{}: no tokenizer.json", model_dir.display()))?;
-    let all = specs(cfg);
+    let (k, n) = (cfg.shard.0, cfg.shard.1.max(1));
+    let all: Vec<RunSpec> = specs(cfg)
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| (i / 2) % n == k)
+        .map(|(_, s)| s)
+        .collect();
     let mut records = Vec::new();
     for (i, spec) in all.iter().enumerate() {
+        if let Some(r) = load_record(&out.join("runs").join(&spec.id))? {
+            if r.spec == *spec {
+                progress(&format!("[{}/{}] {} recorded", i + 1, all.len(), spec.id));
+                records.push(r);
+                continue;
+            }
+        }
         let r = run_one(
             be,
             model_dir,
@@ -665,8 +839,12 @@ pub fn evaluate(records: &[RunRecord], cfg: &BenchConfig) -> BenchReport {
         score(&test_runs, &move || Box::new(ZScoreDetector::new(z, 3))),
         score(&test_runs, &move || Box::new(fixed.clone())),
     ];
+    let (clean_reward_mean, clean_spread_frac) = clean_rewards(records);
     BenchReport {
         steps: cfg.steps,
+        effects: effects(records),
+        clean_reward_mean,
+        clean_spread_frac,
         runs: records.len(),
         errors: records.iter().filter(|r| r.error.is_some()).count(),
         tune_scores: Some(score(&tune_runs, &robust)),
@@ -676,6 +854,37 @@ pub fn evaluate(records: &[RunRecord], cfg: &BenchConfig) -> BenchReport {
         remediation: None,
         wall_s: 0.0,
     }
+}
+
+/// Reads back one detection-phase run directory as [`write_record`] wrote it; `None` when it
+/// has no `meta.json` (a run killed before it finished).
+pub fn load_record(d: &Path) -> anyhow::Result<Option<RunRecord>> {
+    let mp = d.join("meta.json");
+    let Ok(text) = std::fs::read_to_string(&mp) else {
+        return Ok(None);
+    };
+    let meta: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", mp.display()))?;
+    let spec: RunSpec = serde_json::from_value(meta["spec"].clone())
+        .map_err(|e| anyhow::anyhow!("{}: spec: {e}", mp.display()))?;
+    let sp = d.join("step_records.jsonl");
+    let st = std::fs::read_to_string(&sp).map_err(|e| anyhow::anyhow!("{}: {e}", sp.display()))?;
+    let mut steps = Vec::new();
+    for (i, l) in st.lines().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(l)
+            .map_err(|e| anyhow::anyhow!("{}: line {}: {e}", sp.display(), i + 1))?;
+        steps.push(StepRecord::from_json(&v, i + 1));
+    }
+    Ok(Some(RunRecord {
+        spec,
+        mode: MonitorMode::Off,
+        steps,
+        final_reward: meta["final_reward"].as_f64().unwrap_or(0.0),
+        events: Vec::new(),
+        stopped: meta["stopped"].as_bool().unwrap_or(false),
+        error: meta["error"].as_str().map(str::to_string),
+        wall_s: meta["wall_s"].as_f64().unwrap_or(0.0),
+    }))
 }
 
 /// Reads back the detection-phase records under `out/runs` (as [`write_record`] wrote them),
@@ -691,33 +900,7 @@ pub fn load_records(out: &Path) -> anyhow::Result<Vec<RunRecord>> {
     dirs.sort();
     let mut recs = Vec::new();
     for d in dirs {
-        let mp = d.join("meta.json");
-        let Ok(text) = std::fs::read_to_string(&mp) else {
-            continue; // a run killed before it finished
-        };
-        let meta: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", mp.display()))?;
-        let spec: RunSpec = serde_json::from_value(meta["spec"].clone())
-            .map_err(|e| anyhow::anyhow!("{}: spec: {e}", mp.display()))?;
-        let sp = d.join("step_records.jsonl");
-        let st =
-            std::fs::read_to_string(&sp).map_err(|e| anyhow::anyhow!("{}: {e}", sp.display()))?;
-        let mut steps = Vec::new();
-        for (i, l) in st.lines().enumerate() {
-            let v: serde_json::Value = serde_json::from_str(l)
-                .map_err(|e| anyhow::anyhow!("{}: line {}: {e}", sp.display(), i + 1))?;
-            steps.push(StepRecord::from_json(&v, i + 1));
-        }
-        recs.push(RunRecord {
-            spec,
-            mode: MonitorMode::Off,
-            steps,
-            final_reward: meta["final_reward"].as_f64().unwrap_or(0.0),
-            events: Vec::new(),
-            stopped: meta["stopped"].as_bool().unwrap_or(false),
-            error: meta["error"].as_str().map(str::to_string),
-            wall_s: meta["wall_s"].as_f64().unwrap_or(0.0),
-        });
+        recs.extend(load_record(&d)?);
     }
     let key = |r: &RunRecord| (r.spec.seed, r.spec.rl_seed, r.spec.strength);
     let keep: Vec<bool> = recs
@@ -737,8 +920,10 @@ pub fn load_records(out: &Path) -> anyhow::Result<Vec<RunRecord>> {
         .collect())
 }
 
+/// Re-runs the test seeds' faulty runs of `records` with the monitor remediating (detector
+/// `robust`), each against its clean twin; writes `runs/<id>-remediate`.
 #[allow(clippy::too_many_arguments)]
-fn remediate_phase<B: Backend>(
+pub fn remediate_phase<B: Backend>(
     be: &B,
     model_dir: &Path,
     reference: &Model<B>,
@@ -826,10 +1011,10 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
         "{} runs of {} steps ({} with errors); faults at onsets {:?}; tuned on seeds {:?}, reported on seeds {:?}; wall time {:.0} s.\n\n",
         r.runs, r.steps, r.errors, cfg.onsets, cfg.tune_seeds, cfg.test_seeds, r.wall_s
     ));
-    md.push_str("## Detection (test seeds)\n\n| detector | F1 easy | F1 hard | P | R | F1 | false alarms / 1000 clean steps | mean delay (steps) | type acc. | family acc. |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("## Detection (test seeds)\n\n| detector | F1 easy | F1 hard | P | R | F1 | false alarms / 1000 clean steps (95% upper bound; clean steps) | mean delay (steps) | type acc. | family acc. |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for s in &r.scores {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.1} (<= {:.1}; {}) | {:.2} | {} | {} |\n",
             s.detector,
             pct(s.f1_easy),
             pct(s.f1_hard),
@@ -837,6 +1022,8 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
             pct(s.overall.r),
             pct(s.overall.f1),
             s.false_alarms_per_1000,
+            s.false_alarms_upper95,
+            s.clean_steps,
             s.mean_delay,
             pct(s.type_accuracy),
             pct(s.family_accuracy)
@@ -844,10 +1031,11 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
     }
     if let Some(t) = &r.tune_scores {
         md.push_str(&format!(
-            "\nRFT-FM on its tuning seeds: F1 easy {} / hard {}, false alarms {:.1} per 1000. Tuned: z {} / CUSUM h {}; z-score baseline threshold {}; static margin {}.\n",
+            "\nRFT-FM on its tuning seeds: F1 easy {} / hard {}, false alarms {:.1} per 1000. Tuned: z {} / CUSUM h {} / answer-disagreement limit {}; z-score baseline threshold {}; static margin {}.\n",
             pct(t.f1_easy), pct(t.f1_hard), t.false_alarms_per_1000,
             r.robust.as_ref().map(|c| c.z_threshold).unwrap_or(0.0),
             r.robust.as_ref().map(|c| c.cusum_h).unwrap_or(0.0),
+            r.robust.as_ref().map(|c| c.disagree_limit).unwrap_or(0.0),
             r.baselines.0, r.baselines.1
         ));
     }
@@ -882,6 +1070,17 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
             let cells: Vec<String> = row.iter().map(|(k, n)| format!("{k} x{n}")).collect();
             md.push_str(&format!("| {t} | {} |\n", cells.join(", ")));
         }
+    }
+    md.push_str(&format!(
+        "\n## Does each injection change the run? (all seeds, faulty vs clean twin from the onset)\n\nClean runs: mean step reward {:.3}, steps with a reward spread {}%.\n\n| fault | runs | records changed | rewards changed | final reward faulty | final reward clean |\n|---|---|---|---|---|---|\n",
+        r.clean_reward_mean,
+        pct(r.clean_spread_frac)
+    ));
+    for (t, e) in &r.effects {
+        md.push_str(&format!(
+            "| {t} | {} | {} | {} | {:.3} | {:.3} |\n",
+            e.runs, e.changed, e.reward_changed, e.final_faulty, e.final_clean
+        ));
     }
     if let Some(rm) = &r.remediation {
         md.push_str(&format!(

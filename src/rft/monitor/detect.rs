@@ -154,6 +154,9 @@ pub struct RobustConfig {
     /// Consecutive steps whose every reward is 0, after healthy steps whose rewards had spread,
     /// that mean a silent scorer (a missing test runner, a reward service answering 0); 0: off.
     pub silent_steps: usize,
+    /// Share of identical answers to one prompt scored differently above which the scorer is
+    /// judged flaky (`answer_disagree`; a deterministic scorer gives 0); negative: off.
+    pub disagree_limit: f64,
 }
 
 impl Default for RobustConfig {
@@ -168,6 +171,7 @@ impl Default for RobustConfig {
             setting_jump: 2.0,
             sandbox_limit: 0.25,
             silent_steps: 3,
+            disagree_limit: 0.0,
         }
     }
 }
@@ -293,6 +297,14 @@ impl RobustDetector {
         for name in ["sandbox_error_rate", "timeout_rate"] {
             if let Some(x) = r.get(name).filter(|x| *x >= self.cfg.sandbox_limit) {
                 out.push(hard(name, Dir::Up, x));
+            }
+        }
+        if self.cfg.disagree_limit >= 0.0 {
+            if let Some(x) = r
+                .get("answer_disagree")
+                .filter(|x| *x > self.cfg.disagree_limit)
+            {
+                out.push(hard("answer_disagree", Dir::Up, x));
             }
         }
     }

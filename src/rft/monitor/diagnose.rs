@@ -28,7 +28,9 @@ pub fn feature_family(feature: &str) -> Option<FaultFamily> {
         "entropy" | "temperature" | "response_len" | "trunc_rate" | "repetition"
         | "unique_ratio" | "empty_rate" | "format_error_rate" => FaultFamily::OD,
         "logprob_mismatch" | "prompt_unique_frac" | "invented_rate" => FaultFamily::CA,
-        "sandbox_error_rate" | "timeout_rate" | "scorer_silent" => FaultFamily::TE,
+        "sandbox_error_rate" | "timeout_rate" | "scorer_silent" | "answer_disagree" => {
+            FaultFamily::TE
+        }
         _ => return None,
     })
 }
@@ -40,7 +42,7 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
     let up = |f: &str| alarm.has(f, Up);
     let down = |f: &str| alarm.has(f, Down);
     // (condition, fault, evidence), most specific first.
-    let rules: [(bool, FaultType, &str); 24] = [
+    let rules: [(bool, FaultType, &str); 25] = [
         (up("nonfinite"), NonFinite, "non-finite values in the step"),
         (up("sandbox_error_rate"), SandboxFailure, "sandbox errors"),
         (
@@ -81,6 +83,11 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
             down("reward_min"),
             RewardSignFlip,
             "rewards below their range (sign flip)",
+        ),
+        (
+            up("answer_disagree"),
+            FlakyTests,
+            "the same answer to the same prompt scored differently (flaky tests)",
         ),
         (up("empty_rate"), EmptyOutputs, "empty responses"),
         (

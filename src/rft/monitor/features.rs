@@ -55,6 +55,9 @@ pub struct Health {
     pub nonfinite: f64,
     /// Share of responses whose scoring failed in the sandbox.
     pub sandbox_error_rate: f64,
+    /// Share of identical answers to the same prompt that scored differently (0 when no two
+    /// answers were identical): a deterministic scorer never disagrees with itself.
+    pub answer_disagree: f64,
     /// Share of responses whose scoring timed out.
     pub timeout_rate: f64,
 }
@@ -96,6 +99,33 @@ pub fn zero_std_fraction(scores: &[f32], groups: &[usize]) -> f64 {
     }
     let uniform = by.values().filter(|v| v.iter().all(|&x| x == v[0])).count();
     uniform as f64 / by.len() as f64
+}
+
+/// Among pairs of responses to the same prompt (`prompt_of[i]`) with the same non-empty final
+/// answer (after `</think>`, trimmed), the share whose scores differ; 0 when there is no such
+/// pair. Any value above 0 means the same answer was judged two ways (flaky tests, noise).
+pub fn answer_disagreement(texts: &[&str], scores: &[f32], prompt_of: &[usize]) -> f64 {
+    let answers: Vec<&str> = texts
+        .iter()
+        .map(|t| crate::swe::answer::final_part(t).trim())
+        .collect();
+    let n = answers.len().min(scores.len()).min(prompt_of.len());
+    let (mut same, mut differ) = (0usize, 0usize);
+    for i in 0..n {
+        for j in i + 1..n {
+            if prompt_of[i] != prompt_of[j] || answers[i].is_empty() || answers[i] != answers[j] {
+                continue;
+            }
+            same += 1;
+            let (a, b) = (scores[i], scores[j]);
+            differ += usize::from(a.is_finite() && b.is_finite() && (a - b).abs() > 1e-6);
+        }
+    }
+    if same == 0 {
+        0.0
+    } else {
+        differ as f64 / same as f64
+    }
 }
 
 /// Pearson correlation of two series (0 when either is constant or they are empty).
@@ -196,6 +226,14 @@ pub fn rollout_health(
         invented_rate: rate("invented_target"),
         sandbox_error_rate: rate("sandbox_error"),
         timeout_rate: rate("timeout"),
+        answer_disagree: answer_disagreement(
+            &outs.iter().map(|o| o.text.as_str()).collect::<Vec<_>>(),
+            scores,
+            &groups
+                .iter()
+                .map(|&g| chosen.get(g).copied().unwrap_or(usize::MAX - g))
+                .collect::<Vec<_>>(),
+        ),
         nonfinite: (scores.len() - finite.len()) as f64,
         ..Health::default()
     }
