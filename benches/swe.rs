@@ -16,6 +16,7 @@ fn dataset() -> (tempfile::TempDir, Vec<(Instance, Snapshot)>) {
         seed: 7,
         per_repo: 3,
         test_timeout: Duration::from_secs(20),
+        ..Default::default()
     };
     let report = synth::generate(&cfg, dir.path(), &|_| {}).expect("generate the benchmark set");
     let store = RepoStore::new(dir.path().join("repos"));

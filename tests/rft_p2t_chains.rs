@@ -29,6 +29,7 @@ fn synthetic(n: usize, seed: u64) -> Set {
         seed,
         per_repo: 2,
         test_timeout: std::time::Duration::from_secs(20),
+        ..Default::default()
     };
     let r = synth::generate(&cfg, dir.path(), &|_| {}).unwrap();
     let store = RepoStore::new(dir.path().join("repos"));

@@ -124,7 +124,7 @@ fn multi_file_bugs_need_both_files_and_truth_names_both() {
     );
     // Fixing only one file leaves a FAIL_TO_PASS test failing.
     let gold = Patch::parse(&inst.patch).unwrap();
-    for keep in 0..2 {
+    for kept in files.iter().take(2) {
         let scratch = tempfile::tempdir().unwrap();
         store
             .checkout(&inst.repo, &inst.base_commit, scratch.path())
@@ -135,7 +135,7 @@ fn multi_file_bugs_need_both_files_and_truth_names_both() {
             .unwrap();
         let mut half = gold.clone();
         half.files
-            .retain(|f| f.old_path.as_deref() == Some(files[keep].as_str()));
+            .retain(|f| f.old_path.as_deref() == Some(kept.as_str()));
         assert_eq!(half.files.len(), 1);
         half.apply_to_dir(scratch.path()).unwrap();
         let run = runner::run_unittest(scratch.path(), T).unwrap();
@@ -144,7 +144,7 @@ fn multi_file_bugs_need_both_files_and_truth_names_both() {
                 .iter()
                 .any(|t| run.outcomes.get(t) != Some(&runner::Outcome::Ok)),
             "fixing only {} resolves {}",
-            files[keep],
+            kept,
             inst.instance_id
         );
     }

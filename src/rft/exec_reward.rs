@@ -18,6 +18,9 @@ use crate::sandbox::runner::SandboxConfig;
 use crate::swe::instance::Instance;
 use crate::swe::subtask::{EditReward, Subtask, SubtaskRecord};
 
+/// One scored edit: its job index, its cache key (instance, normalised patch) and its patch.
+type ScoredEdit = (usize, Option<(String, String)>, Option<String>);
+
 /// How stage 2 scores edit answers (`stage2.edit_exec`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -118,7 +121,7 @@ impl ExecReward {
             return Ok(out);
         }
         // (index, cache key, patch) of every scored edit; None patch = no change / unparsable.
-        let mut scored: Vec<(usize, Option<(String, String)>, Option<String>)> = Vec::new();
+        let mut scored: Vec<ScoredEdit> = Vec::new();
         for (k, (rec, answer, _)) in jobs.iter().enumerate() {
             if rec.subtask != Subtask::Edit || !self.instances.contains_key(&rec.instance_id) {
                 continue;

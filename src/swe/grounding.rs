@@ -328,11 +328,14 @@ impl TokenConstraint for GroundedThought {
     }
 }
 
+/// Byte offsets of one character in the ground: everywhere, and where a word may start.
+type Positions = (Arc<Vec<u32>>, Arc<Vec<u32>>);
+
 /// Where each character occurs in the ground: everywhere, and where a word may start.
 #[derive(Debug)]
 struct GroundIndex {
     text: String,
-    starts: std::collections::HashMap<char, (Arc<Vec<u32>>, Arc<Vec<u32>>)>,
+    starts: std::collections::HashMap<char, Positions>,
 }
 
 impl GroundIndex {
