@@ -15,7 +15,7 @@ spec="$ROOT/kernels/census.txt"
 if [[ "${1:-}" == --spec ]]; then spec=$2; shift 2; fi
 [[ $# -gt 0 ]] || { echo "usage: scripts/sass-census.sh [--spec FILE] FILE.cubin|FILE.cu..." >&2; exit 2; }
 if [[ -z "${NVCC:-}" ]]; then
-    NVCC="$(ls "$VENV"/lib/python3*/site-packages/nvidia/cu13/bin/nvcc 2>/dev/null | head -1)"
+    NVCC="$(ls "$VENV"/lib/python3*/site-packages/nvidia/cu13/bin/nvcc 2>/dev/null | head -1 || true)"
 fi
 BIN="$(dirname "${NVCC:-/nonexistent/nvcc}")"
 if [[ ! -x "$BIN/cuobjdump" || ! -x "$BIN/nvdisasm" ]]; then
