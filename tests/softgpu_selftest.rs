@@ -243,6 +243,17 @@ fn a_wrong_fragment_layout_in_an_emulation_fails_the_lane_test() {
 const SOFTGPU_REPRO: &[&str] = &[
     "--set",
     "model.warmup_epochs=0",
+    // The historical import-only, single-file generator: its prompts fit max_len 640.
+    "--set",
+    "data.distractors=0",
+    "--set",
+    "data.multi_file_fraction=0",
+    "--set",
+    "data.issue_styles.import=1",
+    "--set",
+    "data.issue_styles.traceback=0",
+    "--set",
+    "data.issue_styles.behaviour=0",
     "--set",
     "stage1.max_len=640",
     "--set",

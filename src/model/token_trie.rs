@@ -145,6 +145,10 @@ pub struct VocabIndex {
     pub plain: TokenSet,
     /// Ids of the pieces holding some character of [`SPECIAL`].
     pub special: Vec<u32>,
+    /// Pieces without a line end: they never finish a line.
+    pub flat: TokenSet,
+    /// Ids of the pieces holding a line end.
+    pub lined: Vec<u32>,
 }
 
 /// The characters free text reacts to: backticks open and close quotes, `>` ends `</think>`.
@@ -163,12 +167,42 @@ impl VocabIndex {
         let special = (0..pieces.len() as u32)
             .filter(|&i| pieces[i as usize].as_deref().is_some_and(has_special))
             .collect();
+        let flat = TokenSet::from_fn(pieces.len(), |i| {
+            pieces[i as usize]
+                .as_deref()
+                .is_some_and(|p| !p.contains('\n'))
+        });
+        let lined = (0..pieces.len() as u32)
+            .filter(|&i| {
+                pieces[i as usize]
+                    .as_deref()
+                    .is_some_and(|p| p.contains('\n'))
+            })
+            .collect();
         Self {
             pieces,
             trie,
             plain,
             special,
+            flat,
+            lined,
         }
+    }
+
+    /// The allowed set of a state that every piece without a line end keeps alive (a settled,
+    /// free line): every such piece, plus the pieces with a line end that `start` accepts. The
+    /// caller vouches for the premise; the result then equals a walk of the trie.
+    pub fn line_step<S: CharState>(&self, start: &S) -> TokenSet {
+        let mut out = self.flat.clone();
+        for &id in &self.lined {
+            if self.pieces[id as usize]
+                .as_deref()
+                .is_some_and(|p| feed(start, p).is_some_and(|s| s.accepts()))
+            {
+                out.insert(id);
+            }
+        }
+        out
     }
 
     /// Number of ids.

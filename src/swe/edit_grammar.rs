@@ -28,11 +28,24 @@ pub struct EditGrammar {
     pub reserve: usize,
 }
 
+/// The line starts that end a REPLACE part or make its line illegal.
+const MARKERS: [&str; 4] = ["<<<<<<<", DIVIDER, ">>>>>>>", FENCE];
+
+/// Characters of an unfinished REPLACE line that can still matter: past them the line can neither
+/// become [`REPLACE`] nor a marker, so only whether it is settled counts.
+const REPLACE_KEEP: usize = REPLACE.len() + 1;
+
 /// Whether a REPLACE line would end the block or start another part.
 fn marker_like(line: &str) -> bool {
-    ["<<<<<<<", DIVIDER, ">>>>>>>", FENCE]
+    MARKERS.iter().any(|m| line.starts_with(m))
+}
+
+/// Whether an unfinished REPLACE line stays allowed whatever characters other than a line end
+/// follow: it is neither a marker nor on the way to one (nor to [`REPLACE`]).
+fn settled(rest: &str) -> bool {
+    MARKERS
         .iter()
-        .any(|m| line.starts_with(m))
+        .all(|m| !m.starts_with(rest) && !rest.starts_with(m))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -252,7 +265,7 @@ impl CharState for EditState {
         if c == '\n' {
             s.part = self.g.feed(&self.part, &mut s.path, &self.rest)?;
             s.rest.clear();
-        } else {
+        } else if self.part != Part::Replace || self.rest.len() < REPLACE_KEEP {
             s.rest.push(c);
         }
         // `partial_ok` only shrinks as the line grows: a dead line stays dead.
@@ -314,6 +327,8 @@ impl AnswerState for EditState {
                 at: 0,
             };
             vocab.trie.walk(&gate, &mut pieces);
+        } else if self.part == Part::Replace && settled(&self.rest) {
+            pieces = vocab.line_step(self);
         } else {
             vocab.trie.walk(self, &mut pieces);
         }
@@ -434,5 +449,61 @@ mod tests {
         );
         let done = g.allowed_in_answer(&format!("{closed}\n```"), 1, &pieces);
         assert!(done.stop && names(&done).is_empty());
+    }
+    #[test]
+    fn long_and_marker_like_replace_lines_get_the_rescans_mask() {
+        let g = Arc::new(grammar());
+        let pieces: Vec<Option<String>> = [
+            "a",
+            " ",
+            "x = 1",
+            "\n",
+            "\n>>>>>>>",
+            ">>>",
+            ">>>>>>> REPLACE\n```",
+            " REPLACE",
+            "=",
+            "=======",
+            "<<<<<<<",
+            "```",
+            "\n```",
+            "é",
+            "long line text ",
+            "x\ny",
+            "\n\n",
+        ]
+        .iter()
+        .map(|s| Some(s.to_string()))
+        .chain([None])
+        .collect();
+        let vocab = VocabIndex::new(pieces.clone());
+        let open = "\n```python\n### pkg/a.py\n<<<<<<< SEARCH\n    return y\n=======\n";
+        let long = "    z = some_function(with, many, arguments) + another_one(é)".repeat(3);
+        for body in [
+            long.as_str(),
+            "x >>>>>>> REPLACE",
+            ">>>>>>> REPLACE",
+            ">>",
+            "=====",
+            "``",
+            "",
+            "ok\n>>>",
+        ] {
+            let text = format!("{open}{body}");
+            let mut state = Some(EditState::new(g.clone()));
+            for c in text.chars() {
+                state = state.and_then(|s| s.push(c));
+            }
+            let state = state.expect("an allowed prefix");
+            for remaining in [100, 30, 5] {
+                let want = g.allowed_in_answer(&text, remaining, &pieces);
+                let got = state.answer_mask(remaining, &vocab);
+                let got: Vec<bool> = (0..pieces.len() as u32)
+                    .map(|i| got.pieces.contains(i))
+                    .collect();
+                assert_eq!(got, want.pieces, "{body:?} with {remaining} left");
+            }
+        }
+        assert!(settled("    z") && !settled(">>") && !settled("") && !settled("=======x"));
     }
 }
