@@ -55,7 +55,7 @@ pub struct FaultbenchArgs {
     /// Only the remediation phase, on the records already under --out (tuned on them).
     #[arg(long, conflicts_with = "score_only")]
     pub remediate_only: bool,
-    /// New tokens per response (default 32; the constrained answer gets half).
+    /// New tokens per response (default 96; the constrained answer gets half).
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
     /// Run only shard K of N of the detection runs (`K/N`, K from 0), e.g. in two processes
