@@ -4,7 +4,9 @@
 //! reachable G* node, after an answer (which moves to the next stage), or at the window, so it
 //! carries at most one step of progress and a miss costs few teacher steps; otherwise each
 //! candidate is a whole window of steps. Each prefix of a candidate is scored by its
-//! effectiveness, windowed progress (mean Prog_t, clipped to [0, 1]) times groundedness (share of
+//! effectiveness, windowed progress (the segment's summed Prog_t, clipped to [0, 1]: a segment
+//! that establishes a node after some neutral steps still counts; the shortest rule, not a
+//! per-step mean, is what penalises its extra steps) times groundedness (share of
 //! grounded steps); with the gate on, a segment with an ungrounded step is rejected. The shortest
 //! prefix that clears the floor wins (ties: higher effectiveness, then earlier candidate); it is
 //! committed (at most `commit` steps of it) and the next window starts after it. Ablations: `gate = false` scores
@@ -77,6 +79,14 @@ pub struct Scored {
     pub grounded: bool,
 }
 
+/// Windowed progress of a segment whose summed Prog_t is `sum`: clipped to [0, 1]. A mean over
+/// steps would need the establishing step to come first (with floor 0.6, a segment of two neutral
+/// steps and an established milestone scored 1/3 and was rejected): no line-stage candidate ever
+/// cleared the floor on the synthetic set and no chain reached the edit.
+pub fn windowed(sum: f64) -> f64 {
+    sum.clamp(0.0, 1.0)
+}
+
 /// Effectiveness and groundedness of every prefix of `cand`, after a committed prefix whose
 /// established nodes are `est`.
 pub fn score_prefixes(
@@ -94,7 +104,7 @@ pub fn score_prefixes(
         let ok = unseen(st, &obs.seen(st.stage)).is_empty();
         grounded_steps += ok as usize;
         let n = (k + 1) as f64;
-        let progress = (prog / n).clamp(0.0, 1.0);
+        let progress = windowed(prog);
         let all_grounded = grounded_steps == k + 1;
         let eff = if cfg.gate {
             if all_grounded {
@@ -246,7 +256,19 @@ pub fn curate(
             .iter()
             .map(|c| score_prefixes(g, obs, &est, c, cfg))
             .collect();
-        let Some(pick) = select(&scores, cfg) else {
+        let pick0 = select(&scores, cfg);
+        if std::env::var("P2T_DEBUG").is_ok() {
+            eprintln!("round {round} stage {:?} est {:?} sampled {}", current_stage(&chain, &out.steps), est, out.sampled_steps);
+            for (c, s) in cands.iter().zip(&scores) {
+                for (st, sc) in c.iter().zip(s) {
+                    let t: String = st.text.chars().take(150).collect();
+                    eprintln!("   {:?}/{:?} {:?} named={:?} unseen={:?} | {}", st.stage, st.kind, sc, super::progress::named(g, st), unseen(st, &obs.seen(st.stage)), t.replace('\n', " / "));
+                }
+                eprintln!("   --");
+            }
+            eprintln!("  pick {:?}", pick0);
+        }
+        let Some(pick) = pick0 else {
             misses += 1;
             continue;
         };
