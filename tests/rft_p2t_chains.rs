@@ -191,12 +191,18 @@ fn measure_curation() {
     noshort.forward.shortest = false;
     let mut windowed = base.clone();
     windowed.forward.stepwise = false;
+    let mut two = base.clone();
+    two.forward.candidates = 2;
+    let mut patient = base.clone();
+    patient.forward.patience = 1000;
     let runs = [
         ("outcome", Curation::Outcome, &base),
         ("p2t", Curation::P2t, &base),
         ("p2t, no gate", Curation::P2t, &nogate),
         ("p2t, no shortest rule", Curation::P2t, &noshort),
         ("p2t, whole-window candidates", Curation::P2t, &windowed),
+        ("p2t, 2 candidates per window", Curation::P2t, &two),
+        ("p2t, budget-only stop (patience 1000)", Curation::P2t, &patient),
     ];
     println!(
         "{n} instances, {spp} samples per prompt x {} steps, seed {seed}\n",

@@ -201,6 +201,19 @@ pub fn stepwise_candidate(
     out
 }
 
+/// With the shortest rule, the most steps a further step-wise candidate can usefully carry given
+/// the candidates scored so far: one less than the best's length once the best reaches full
+/// effectiveness (a later candidate wins only when strictly shorter, so the selection is the
+/// same and the teacher steps a longer one would cost are saved); `None`: no cap.
+pub fn useful_length(scores: &[Vec<(f64, bool)>], cfg: &ForwardConfig) -> Option<usize> {
+    if !cfg.shortest {
+        return None;
+    }
+    select(scores, cfg)
+        .filter(|b| b.effectiveness >= 1.0)
+        .map(|b| b.len - 1)
+}
+
 /// Curates one instance's trajectory within `budget` sampled teacher steps.
 pub fn curate(
     g: &ProcessGraph,
@@ -227,17 +240,22 @@ pub fn curate(
             break;
         }
         let mut cands: Vec<Vec<Step>> = Vec::new();
+        let mut scores: Vec<Vec<(f64, bool)>> = Vec::new();
         for c in 0..cfg.candidates.max(1) {
             let s = random_u64(seed, round, c as u64);
             let cand = if cfg.stepwise {
                 let room = budget.saturating_sub(out.sampled_steps);
+                let cap = useful_length(&scores, cfg).unwrap_or(window);
+                if cap == 0 {
+                    break;
+                }
                 stepwise_candidate(
                     g,
                     inst,
                     teacher,
                     &est,
                     &out.steps,
-                    window,
+                    cap,
                     room,
                     &cfg.progress,
                     s,
@@ -246,28 +264,14 @@ pub fn curate(
                 teacher.continue_from(inst, &out.steps, window, s)
             };
             out.sampled_steps += cand.len();
+            scores.push(score_prefixes(g, obs, &est, &cand, cfg));
             cands.push(cand);
         }
         round += 1;
         if cands.iter().all(Vec::is_empty) {
             break;
         }
-        let scores: Vec<Vec<(f64, bool)>> = cands
-            .iter()
-            .map(|c| score_prefixes(g, obs, &est, c, cfg))
-            .collect();
         let pick0 = select(&scores, cfg);
-        if std::env::var("P2T_DEBUG").is_ok() {
-            eprintln!("round {round} stage {:?} est {:?} sampled {}", current_stage(&chain, &out.steps), est, out.sampled_steps);
-            for (c, s) in cands.iter().zip(&scores) {
-                for (st, sc) in c.iter().zip(s) {
-                    let t: String = st.text.chars().take(150).collect();
-                    eprintln!("   {:?}/{:?} {:?} named={:?} unseen={:?} | {}", st.stage, st.kind, sc, super::progress::named(g, st), unseen(st, &obs.seen(st.stage)), t.replace('\n', " / "));
-                }
-                eprintln!("   --");
-            }
-            eprintln!("  pick {:?}", pick0);
-        }
         let Some(pick) = pick0 else {
             misses += 1;
             continue;
