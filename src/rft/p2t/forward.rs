@@ -271,8 +271,7 @@ pub fn curate(
         if cands.iter().all(Vec::is_empty) {
             break;
         }
-        let pick0 = select(&scores, cfg);
-        let Some(pick) = pick0 else {
+        let Some(pick) = select(&scores, cfg) else {
             misses += 1;
             continue;
         };
