@@ -475,3 +475,43 @@ fn a_failing_execution_check_drops_every_chain_that_answered_the_edit() {
     }
     assert!(dropped > 0);
 }
+
+#[test]
+fn a_segment_reaching_a_node_after_neutral_steps_clears_the_floor_and_caps_later_candidates() {
+    let (inst, recs) = setup();
+    let g = graphs(&items(&inst, &recs), &failing(&inst)).remove(0);
+    let refs: Vec<&SubtaskRecord> = recs.iter().collect();
+    let obs = Observations::of(&refs);
+    let cfg = ForwardConfig::default();
+    let mut est = BTreeSet::new();
+    for st in &good_trajectory()[..2] {
+        score_step(&g, st, &mut est, &cfg.progress);
+    }
+    // Two grounded steps that name nothing, then the step that reaches the definition.
+    let neutral = Step::reason(
+        Subtask::Function,
+        "Let me read the listed definitions first.",
+    );
+    let seg = vec![neutral.clone(), neutral, good_trajectory()[2].clone()];
+    let s = forward::score_prefixes(&g, &obs, &est, &seg, &cfg);
+    assert_eq!(s[..2], [(0.0, true), (0.0, true)]);
+    // A per-step mean (1.5 / 3 = 0.5) fell under the floor; the windowed sum does not.
+    assert!(s[2].1 && s[2].0 >= cfg.floor, "{s:?}");
+    assert_eq!(forward::windowed(1.5), 1.0);
+    assert_eq!(forward::windowed(-1.0), 0.0);
+    let pick = select(std::slice::from_ref(&s), &cfg).unwrap();
+    assert_eq!(pick.len, 3);
+    // Once a fully effective candidate of 3 steps is known, a later one is useful only when
+    // shorter; without the shortest rule there is no cap; a weaker best caps nothing.
+    let scored = std::slice::from_ref(&s);
+    assert_eq!(forward::useful_length(scored, &cfg), Some(2));
+    let long = ForwardConfig {
+        shortest: false,
+        ..ForwardConfig::default()
+    };
+    assert_eq!(forward::useful_length(scored, &long), None);
+    assert_eq!(
+        forward::useful_length(&[vec![(0.0, true), (0.8, true)]], &cfg),
+        None
+    );
+}

@@ -70,12 +70,11 @@ fn failing(set: &Set) -> BTreeMap<String, Vec<String>> {
 }
 
 #[test]
-#[ignore = "known failure: P2T completes 0 of 8 chains (see notes/p2t.md)"]
 fn chains_complete_on_a_small_synthetic_set() {
     let set = synthetic(8, 3);
     let its = items(&set);
     let cfg = P2tConfig::default();
-    let mut complete = Vec::new();
+    let mut out = Vec::new();
     for mode in [Curation::P2t, Curation::Outcome] {
         let run = Stage1Run {
             mode,
@@ -86,19 +85,31 @@ fn chains_complete_on_a_small_synthetic_set() {
             check: None,
         };
         let ((kept, _), st, _) = curate_stage1(&its, &failing(&set), &run).unwrap();
-        eprintln!("{mode:?}: {st:?}");
         let edits = kept
             .iter()
             .filter(|(i, _)| its[*i].record.subtask == Subtask::Edit)
             .count();
-        eprintln!("{mode:?}: {edits} edit examples");
-        complete.push((st.complete, st.trajectories, edits));
+        eprintln!("{mode:?}: {st:?}, {edits} edit examples");
+        out.push((st, edits));
     }
-    let (done, n, edits) = complete[0];
-    assert_eq!(n, 8);
-    // Before step-wise decoding and anchoring, P2T completed no chain of a quick run (0 of 9).
-    assert!(done >= 2, "{complete:?}");
-    assert!(edits >= 1, "{complete:?}");
+    let ((p2t, p2t_edits), (outcome, _)) = (&out[0], &out[1]);
+    assert_eq!(p2t.trajectories, 8);
+    // Before the windowed sum (s31) P2T completed 0 of these 8 chains; now 2 (the rest spend
+    // their budget at the line and edit stages, where the blinded teacher rarely names the
+    // faulty line or the fix with its prerequisites established).
+    assert!(p2t.complete >= 1, "{out:?}");
+    assert!(*p2t_edits >= 1, "{out:?}");
+    // On no more than the outcome baseline's teacher budget, shorter and better grounded.
+    assert!(p2t.sampled_steps <= 8 * 4 * cfg.max_steps, "{out:?}");
+    assert!(
+        p2t.mean_response_chars < outcome.mean_response_chars,
+        "{out:?}"
+    );
+    assert!(p2t.grounded_share >= outcome.grounded_share, "{out:?}");
+    assert!(
+        p2t.jumps_per_response < outcome.jumps_per_response,
+        "{out:?}"
+    );
 }
 
 /// An edit that replaces the first ground-truth line with `pass`: it touches the right line.
@@ -191,12 +202,22 @@ fn measure_curation() {
     noshort.forward.shortest = false;
     let mut windowed = base.clone();
     windowed.forward.stepwise = false;
+    let mut two = base.clone();
+    two.forward.candidates = 2;
+    let mut patient = base.clone();
+    patient.forward.patience = 1000;
     let runs = [
         ("outcome", Curation::Outcome, &base),
         ("p2t", Curation::P2t, &base),
         ("p2t, no gate", Curation::P2t, &nogate),
         ("p2t, no shortest rule", Curation::P2t, &noshort),
         ("p2t, whole-window candidates", Curation::P2t, &windowed),
+        ("p2t, 2 candidates per window", Curation::P2t, &two),
+        (
+            "p2t, budget-only stop (patience 1000)",
+            Curation::P2t,
+            &patient,
+        ),
     ];
     println!(
         "{n} instances, {spp} samples per prompt x {} steps, seed {seed}\n",

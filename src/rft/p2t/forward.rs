@@ -4,7 +4,9 @@
 //! reachable G* node, after an answer (which moves to the next stage), or at the window, so it
 //! carries at most one step of progress and a miss costs few teacher steps; otherwise each
 //! candidate is a whole window of steps. Each prefix of a candidate is scored by its
-//! effectiveness, windowed progress (mean Prog_t, clipped to [0, 1]) times groundedness (share of
+//! effectiveness, windowed progress (the segment's summed Prog_t, clipped to [0, 1]: a segment
+//! that establishes a node after some neutral steps still counts; the shortest rule, not a
+//! per-step mean, is what penalises its extra steps) times groundedness (share of
 //! grounded steps); with the gate on, a segment with an ungrounded step is rejected. The shortest
 //! prefix that clears the floor wins (ties: higher effectiveness, then earlier candidate); it is
 //! committed (at most `commit` steps of it) and the next window starts after it. Ablations: `gate = false` scores
@@ -77,6 +79,14 @@ pub struct Scored {
     pub grounded: bool,
 }
 
+/// Windowed progress of a segment whose summed Prog_t is `sum`: clipped to [0, 1]. A mean over
+/// steps would need the establishing step to come first (with floor 0.6, a segment of two neutral
+/// steps and an established milestone scored 1/3 and was rejected): no line-stage candidate ever
+/// cleared the floor on the synthetic set and no chain reached the edit.
+pub fn windowed(sum: f64) -> f64 {
+    sum.clamp(0.0, 1.0)
+}
+
 /// Effectiveness and groundedness of every prefix of `cand`, after a committed prefix whose
 /// established nodes are `est`.
 pub fn score_prefixes(
@@ -94,7 +104,7 @@ pub fn score_prefixes(
         let ok = unseen(st, &obs.seen(st.stage)).is_empty();
         grounded_steps += ok as usize;
         let n = (k + 1) as f64;
-        let progress = (prog / n).clamp(0.0, 1.0);
+        let progress = windowed(prog);
         let all_grounded = grounded_steps == k + 1;
         let eff = if cfg.gate {
             if all_grounded {
@@ -191,6 +201,19 @@ pub fn stepwise_candidate(
     out
 }
 
+/// With the shortest rule, the most steps a further step-wise candidate can usefully carry given
+/// the candidates scored so far: one less than the best's length once the best reaches full
+/// effectiveness (a later candidate wins only when strictly shorter, so the selection is the
+/// same and the teacher steps a longer one would cost are saved); `None`: no cap.
+pub fn useful_length(scores: &[Vec<(f64, bool)>], cfg: &ForwardConfig) -> Option<usize> {
+    if !cfg.shortest {
+        return None;
+    }
+    select(scores, cfg)
+        .filter(|b| b.effectiveness >= 1.0)
+        .map(|b| b.len - 1)
+}
+
 /// Curates one instance's trajectory within `budget` sampled teacher steps.
 pub fn curate(
     g: &ProcessGraph,
@@ -217,17 +240,22 @@ pub fn curate(
             break;
         }
         let mut cands: Vec<Vec<Step>> = Vec::new();
+        let mut scores: Vec<Vec<(f64, bool)>> = Vec::new();
         for c in 0..cfg.candidates.max(1) {
             let s = random_u64(seed, round, c as u64);
             let cand = if cfg.stepwise {
                 let room = budget.saturating_sub(out.sampled_steps);
+                let cap = useful_length(&scores, cfg).unwrap_or(window);
+                if cap == 0 {
+                    break;
+                }
                 stepwise_candidate(
                     g,
                     inst,
                     teacher,
                     &est,
                     &out.steps,
-                    window,
+                    cap,
                     room,
                     &cfg.progress,
                     s,
@@ -236,16 +264,13 @@ pub fn curate(
                 teacher.continue_from(inst, &out.steps, window, s)
             };
             out.sampled_steps += cand.len();
+            scores.push(score_prefixes(g, obs, &est, &cand, cfg));
             cands.push(cand);
         }
         round += 1;
         if cands.iter().all(Vec::is_empty) {
             break;
         }
-        let scores: Vec<Vec<(f64, bool)>> = cands
-            .iter()
-            .map(|c| score_prefixes(g, obs, &est, c, cfg))
-            .collect();
         let Some(pick) = select(&scores, cfg) else {
             misses += 1;
             continue;
