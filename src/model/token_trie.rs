@@ -193,8 +193,18 @@ impl VocabIndex {
     /// free line): every such piece, plus the pieces with a line end that `start` accepts. The
     /// caller vouches for the premise; the result then equals a walk of the trie.
     pub fn line_step<S: CharState>(&self, start: &S) -> TokenSet {
-        let mut out = self.flat.clone();
-        for &id in &self.lined {
+        self.safe_plus_accepted(&self.flat, &self.lined, start)
+    }
+
+    /// `safe` plus the pieces of `risky` that `start` accepts when fed character by character.
+    fn safe_plus_accepted<S: CharState>(
+        &self,
+        safe: &TokenSet,
+        risky: &[u32],
+        start: &S,
+    ) -> TokenSet {
+        let mut out = safe.clone();
+        for &id in risky {
             if self.pieces[id as usize]
                 .as_deref()
                 .is_some_and(|p| feed(start, p).is_some_and(|s| s.accepts()))
@@ -219,16 +229,7 @@ impl VocabIndex {
     /// accepts when fed character by character. Right only for states that plain characters
     /// leave unchanged and accepting.
     pub fn free_step<S: CharState>(&self, start: &S) -> TokenSet {
-        let mut out = self.plain.clone();
-        for &id in &self.special {
-            if self.pieces[id as usize]
-                .as_deref()
-                .is_some_and(|p| feed(start, p).is_some_and(|s| s.accepts()))
-            {
-                out.insert(id);
-            }
-        }
-        out
+        self.safe_plus_accepted(&self.plain, &self.special, start)
     }
 }
 

@@ -103,17 +103,12 @@ pub fn score_prefixes(
         prog += score_step(g, st, &mut est, &cfg.progress).progress;
         let ok = unseen(st, &obs.seen(st.stage)).is_empty();
         grounded_steps += ok as usize;
-        let n = (k + 1) as f64;
-        let progress = windowed(prog);
         let all_grounded = grounded_steps == k + 1;
-        let eff = if cfg.gate {
-            if all_grounded {
-                progress * grounded_steps as f64 / n
-            } else {
-                0.0
-            }
+        // With the gate, an ungrounded step rejects the segment; a grounded one has share 1.
+        let eff = if cfg.gate && !all_grounded {
+            0.0
         } else {
-            progress
+            windowed(prog)
         };
         out.push((eff, all_grounded));
     }
