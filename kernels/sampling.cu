@@ -10,6 +10,12 @@
 //   tokens up to the boundary bin, and if they still do not fit, samples them by Gumbel-max (the
 //   boundary then has bin resolution).
 // Log-probabilities are those of the full temperature-scaled distribution.
+// Masked variants (grammar-constrained decoding) take one bitset row per block (bit i%32 of word
+// i/32 allows token i): disallowed tokens read as -inf in every pass, so the row is sampled
+// exactly as the unmasked kernel samples the masked logits; pass 1 also keeps the full row's
+// log-sum-exp, so the log-probability is the unconstrained one and the allowed set's log-mass
+// (allowed LSE - full LSE) comes back beside it. A row that allows no finite logit returns id
+// 0xffffffff.
 #include "common.cuh"
 
 #define THREADS 1024
@@ -64,8 +70,19 @@ __device__ __forceinline__ float gumbel(u64 seed, u32 i, u64 counter) {
     return (float)(-log(-log(u)));
 }
 
+__device__ __forceinline__ bool allowed(const u32* mrow, u32 i) {
+    return mrow == nullptr || ((mrow[i >> 5] >> (i & 31)) & 1u);
+}
+
+// x = z / T, or -inf where the row's mask (if any) disallows the token.
 template <typename T>
-__device__ void sample_impl(const T* logits, const SampleParams* params, u32* out_id, float* out_logp, u32 v) {
+__device__ __forceinline__ float scaled(const T* z, const u32* mrow, u32 i, float inv_t) {
+    return allowed(mrow, i) ? to_f32(z[i]) * inv_t : NEG_INF;
+}
+
+template <typename T>
+__device__ void sample_impl(const T* logits, const SampleParams* params, u32* out_id, float* out_logp, u32 v,
+                            const u32* mask, u32 words, float* out_logmass) {
     __shared__ float scratch[32];
     __shared__ float sk[32];
     __shared__ u32 si[32];
@@ -77,25 +94,44 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
     __shared__ int cutoff;
 
     const T* z = logits + (u64)blockIdx.x * v;
+    const u32* mrow = mask ? mask + (u64)blockIdx.x * words : nullptr;
     SampleParams p = params[blockIdx.x];
     bool greedy = !(p.temperature > 0.f);
     float inv_t = greedy ? 1.f : 1.f / p.temperature;
 
-    // pass 1: max, sum of exp, argmax of x = z / T
-    float lm = NEG_INF, ls = 0.f, bk = NEG_INF;
+    // pass 1: max, sum of exp, argmax of x = z / T (allowed tokens); with a mask, also the
+    // max and sum of exp of the whole row (fm, fs)
+    float lm = NEG_INF, ls = 0.f, bk = NEG_INF, fm = NEG_INF, fs = 0.f;
     u32 bi = 0xffffffffu;
     for (u32 i = threadIdx.x; i < v; i += THREADS) {
-        float x = to_f32(z[i]) * inv_t;
+        float raw = to_f32(z[i]) * inv_t;
+        float x = allowed(mrow, i) ? raw : NEG_INF;
         if (x > lm) { ls = ls * __expf(lm - x); lm = x; }
         if (x != NEG_INF) ls += __expf(x - lm);  // masked tokens: exp(-inf - -inf) would be NaN
         if (before(x, i, bk, bi)) { bk = x; bi = i; }
+        if (mrow) {
+            if (raw > fm) { fs = fs * __expf(fm - raw); fm = raw; }
+            if (raw != NEG_INF) fs += __expf(raw - fm);
+        }
     }
     float m = block_max(lm, scratch);
     float s = block_sum(lm == NEG_INF ? 0.f : ls * __expf(lm - m), scratch);
     float lse = m + logf(s);
     block_argmax(bk, bi, sk, si);
+    // lse_out: the log-probabilities' normaliser (the whole row's, masked or not)
+    float lse_out = lse;
+    if (mrow) {
+        float gm = block_max(fm, scratch);
+        float gs = block_sum(fm == NEG_INF ? 0.f : fs * __expf(fm - gm), scratch);
+        lse_out = gm + logf(gs);
+        if (threadIdx.x == 0) out_logmass[blockIdx.x] = lse - lse_out;
+        if (!(m > NEG_INF)) {  // nothing allowed (or every allowed logit is -inf / NaN)
+            if (threadIdx.x == 0) { out_id[blockIdx.x] = 0xffffffffu; out_logp[blockIdx.x] = NEG_INF; }
+            return;
+        }
+    }
     if (greedy) {
-        if (threadIdx.x == 0) { out_id[blockIdx.x] = bi; out_logp[blockIdx.x] = to_f32(z[bi]) - lse; }
+        if (threadIdx.x == 0) { out_id[blockIdx.x] = bi; out_logp[blockIdx.x] = to_f32(z[bi]) - lse_out; }
         return;
     }
     bool top_k_on = p.top_k > 0 && p.top_k < v;
@@ -104,11 +140,13 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
         float gk = NEG_INF;
         u32 gi = 0xffffffffu;
         for (u32 i = threadIdx.x; i < v; i += THREADS) {
-            float key = to_f32(z[i]) * inv_t + gumbel(p.seed, i, p.counter);
+            float x = scaled(z, mrow, i, inv_t);
+            if (x == NEG_INF) continue;
+            float key = x + gumbel(p.seed, i, p.counter);
             if (before(key, i, gk, gi)) { gk = key; gi = i; }
         }
         block_argmax(gk, gi, sk, si);
-        if (threadIdx.x == 0) { out_id[blockIdx.x] = gi; out_logp[blockIdx.x] = to_f32(z[gi]) * inv_t - lse; }
+        if (threadIdx.x == 0) { out_id[blockIdx.x] = gi; out_logp[blockIdx.x] = to_f32(z[gi]) * inv_t - lse_out; }
         return;
     }
 
@@ -117,7 +155,7 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
     if (threadIdx.x == 0) ncand = 0;
     __syncthreads();
     for (u32 i = threadIdx.x; i < v; i += THREADS) {
-        float x = to_f32(z[i]) * inv_t;
+        float x = scaled(z, mrow, i, inv_t);
         if (x == NEG_INF) continue;  // masked: never sampled
         int b = bin_of(m, x);
         atomicAdd(&hcount[b], 1u);
@@ -161,7 +199,7 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
         if (threadIdx.x == 0) ncand = 0;
         __syncthreads();
         for (u32 i = threadIdx.x; i < v; i += THREADS) {
-            float x = to_f32(z[i]) * inv_t;
+            float x = scaled(z, mrow, i, inv_t);
             if (x == NEG_INF) continue;
             int b = bin_of(m, x);
             if (b <= cutoff) {
@@ -175,7 +213,7 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
         __syncthreads();
         n = ncand;
         if (n > CAP) {
-            if (threadIdx.x == 0) { out_id[blockIdx.x] = gi; out_logp[blockIdx.x] = to_f32(z[gi]) * inv_t - lse; }
+            if (threadIdx.x == 0) { out_id[blockIdx.x] = gi; out_logp[blockIdx.x] = to_f32(z[gi]) * inv_t - lse_out; }
             return;
         }
     }
@@ -228,13 +266,22 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
             if (u < cum) { pick = cid[i]; break; }
         }
         out_id[blockIdx.x] = pick;
-        out_logp[blockIdx.x] = to_f32(z[pick]) * inv_t - lse;
+        out_logp[blockIdx.x] = to_f32(z[pick]) * inv_t - lse_out;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) sample_f32(const float* x, const SampleParams* p, u32* id, float* lp, u32 v) {
-    sample_impl<float>(x, p, id, lp, v);
+    sample_impl<float>(x, p, id, lp, v, nullptr, 0, nullptr);
 }
 extern "C" __global__ void __launch_bounds__(THREADS) sample_bf16(const bf16* x, const SampleParams* p, u32* id, float* lp, u32 v) {
-    sample_impl<bf16>(x, p, id, lp, v);
+    sample_impl<bf16>(x, p, id, lp, v, nullptr, 0, nullptr);
+}
+// mask [B, words] u32 bitsets; logmass [B]: the allowed set's log-mass at the temperature
+extern "C" __global__ void __launch_bounds__(THREADS) sample_masked_f32(const float* x, const SampleParams* p, u32* id, float* lp, u32 v,
+                                                                        const u32* mask, u32 words, float* logmass) {
+    sample_impl<float>(x, p, id, lp, v, mask, words, logmass);
+}
+extern "C" __global__ void __launch_bounds__(THREADS) sample_masked_bf16(const bf16* x, const SampleParams* p, u32* id, float* lp, u32 v,
+                                                                         const u32* mask, u32 words, float* logmass) {
+    sample_impl<bf16>(x, p, id, lp, v, mask, words, logmass);
 }

@@ -21,6 +21,7 @@ pub mod attention;
 pub mod decode;
 mod gemm;
 mod hotpath;
+mod masked;
 mod realistic;
 
 /// Which backend to check.
@@ -185,6 +186,7 @@ pub fn run(a: SelftestArgs) -> Result<()> {
             sampling_checks(&be, "cuda", vocab, rows_draws, a.seed, &mut checks)?;
             masked_sampling_checks(&be, "cuda", a.seed, &mut checks)?;
             topk_topp_check(&be, "cuda", a.seed, &mut checks)?;
+            masked::checks(&gpu, a.seed, &mut checks)?;
             hotpath::checks(&gpu, &mut checks)?;
             realistic::checks(&gpu, a.realistic, a.seed, &mut checks)?;
             if !a.no_model {

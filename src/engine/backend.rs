@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use crate::engine::error::EngineError;
 use crate::engine::error::Result;
-use crate::engine::sampling::{Sampled, SamplingParams};
+use crate::engine::sampling::{MaskedSample, Sampled, SamplingParams};
 use crate::engine::{DType, Tensor};
 
 /// Host data handed to a backend for upload.
@@ -212,6 +213,36 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         params: &[SamplingParams],
         counters: &[u64],
     ) -> Result<Vec<Sampled>>;
+
+    /// [`Backend::sample`] with an optional allowed-token bitset per row (`masks[b]`: bit `i % 32`
+    /// of word `i / 32` allows token `i`; `None`: the row is unconstrained). Masked rows sample
+    /// only allowed, finite logits and also return the allowed set's log-mass; `None` where a
+    /// mask allows no finite logit. The default downloads the logits and samples on the host
+    /// ([`crate::engine::sampling::sample_rows_masked`]); a device backend samples in place.
+    fn sample_masked(
+        &self,
+        logits: &Tensor<Self>,
+        params: &[SamplingParams],
+        counters: &[u64],
+        masks: &[Option<&[u32]>],
+    ) -> Result<Vec<Option<MaskedSample>>> {
+        let (b, v) = logits.dims2("sample_masked")?;
+        if params.len() != b || counters.len() != b || masks.len() != b {
+            return Err(EngineError::Shape {
+                op: "sample_masked",
+                detail: format!(
+                    "{b} rows but {} parameter sets, {} counters and {} masks",
+                    params.len(),
+                    counters.len(),
+                    masks.len()
+                ),
+            });
+        }
+        let host = self.to_host_f32(logits)?;
+        Ok(crate::engine::sampling::sample_rows_masked(
+            &host, v, params, counters, masks,
+        ))
+    }
 
     // ---- training ----
 

@@ -195,6 +195,73 @@ pub fn sample_row_masked(
     })
 }
 
+/// One row of [`crate::engine::Backend::sample_masked`]: the token, its log-probability under
+/// the *unconstrained* distribution at the temperature, and the allowed set's log-probability mass
+/// at that temperature (0 for a row without a mask). The renormalised log-probability RL scores a
+/// constrained token under is `sampled.logprob - log_mass`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MaskedSample {
+    /// The token and its unconstrained log-probability.
+    pub sampled: Sampled,
+    /// `log sum_{b allowed} softmax(row / T)_b`.
+    pub log_mass: f32,
+}
+
+/// `log sum_{b in mask} softmax(row / T)_b` over the finite logits (`T <= 0` reads as 1, like
+/// greedy log-probabilities); `mask` is the bitset layout of [`sample_row_masked`].
+pub fn masked_log_mass(row: &[f32], mask: &[u32], temperature: f32) -> f64 {
+    let inv_t = if temperature > 0.0 {
+        1.0 / temperature as f64
+    } else {
+        1.0
+    };
+    let m = row
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64 * inv_t));
+    let (mut all, mut inside) = (0.0f64, 0.0f64);
+    for (i, &v) in row.iter().enumerate() {
+        if !v.is_finite() {
+            continue;
+        }
+        let p = (v as f64 * inv_t - m).exp();
+        all += p;
+        if mask_bit(mask, i) {
+            inside += p;
+        }
+    }
+    (inside / all).ln()
+}
+
+/// The host reference of [`crate::engine::Backend::sample_masked`] over `logits [B, V]` (row
+/// major, `v` per row): rows without a mask are sampled as [`sample_row`] does, rows with one as
+/// [`sample_row_masked`] does plus their allowed log-mass; `None` where a mask allows no finite
+/// logit.
+pub fn sample_rows_masked(
+    logits: &[f32],
+    v: usize,
+    params: &[SamplingParams],
+    counters: &[u64],
+    masks: &[Option<&[u32]>],
+) -> Vec<Option<MaskedSample>> {
+    use rayon::prelude::*;
+    logits
+        .par_chunks(v.max(1))
+        .zip(params.par_iter().zip(counters.par_iter()))
+        .zip(masks.par_iter())
+        .map(|((row, (p, &c)), mask)| match mask {
+            None => Some(MaskedSample {
+                sampled: sample_row(row, p, c),
+                log_mass: 0.0,
+            }),
+            Some(m) => sample_row_masked(row, m, p, c).map(|s| MaskedSample {
+                sampled: s,
+                log_mass: masked_log_mass(row, m, p.temperature) as f32,
+            }),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

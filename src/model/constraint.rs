@@ -94,27 +94,7 @@ impl TokenSet {
 
     /// `log sum_{b in set} softmax(row / T)_b` (`T <= 0` reads as 1, like greedy log-probabilities).
     pub fn log_mass(&self, row: &[f32], temperature: f32) -> f64 {
-        let inv_t = if temperature > 0.0 {
-            1.0 / temperature as f64
-        } else {
-            1.0
-        };
-        let m = row
-            .iter()
-            .filter(|v| v.is_finite())
-            .fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64 * inv_t));
-        let (mut all, mut inside) = (0.0f64, 0.0f64);
-        for (i, &v) in row.iter().enumerate() {
-            if !v.is_finite() {
-                continue;
-            }
-            let p = (v as f64 * inv_t - m).exp();
-            all += p;
-            if self.contains(i as u32) {
-                inside += p;
-            }
-        }
-        (inside / all).ln()
+        crate::engine::sampling::masked_log_mass(row, &self.bits, temperature)
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::engine::sampling::Sampled;
 use crate::engine::{Backend, HostData, SamplingParams, Tensor};
 use crate::model::adapter::Adapters;
-use crate::model::constraint::{sample_masked, ConstraintState, TokenConstraint, TokenSet};
+use crate::model::constraint::{ConstraintState, TokenConstraint, TokenSet};
 use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::KvCache;
 use crate::model::token_trie::VocabIndex;
@@ -369,7 +369,6 @@ fn generate_inner<B: Backend>(
                     prompt: r.prompt.clone(),
                     logits: logits.clone(),
                 });
-                let mut s = model.backend.sample(&logits, &[r.params], &[0])?;
                 let mut state = match masks {
                     MaskMode::Incremental => r.constraint.as_ref().and_then(|c| c.start()),
                     MaskMode::Rescan => None,
@@ -379,7 +378,7 @@ fn generate_inner<B: Backend>(
                     ids: &[],
                     state: state.as_deref(),
                 };
-                let steps = constrain(model, tok, index, &logits, &[row], &mut s)?;
+                let (s, steps) = sample_step(model, tok, index, &logits, &[row])?;
                 advance(tok, index, state.as_deref_mut(), s[0].id)?;
                 let mut a = Active {
                     req: i,
@@ -413,15 +412,11 @@ fn generate_inner<B: Backend>(
         let mut ids = Vec::with_capacity(active.len());
         let mut sl = Vec::with_capacity(active.len());
         let mut pos = Vec::with_capacity(active.len());
-        let mut params = Vec::with_capacity(active.len());
-        let mut counters = Vec::with_capacity(active.len());
         for &s in &active {
             if let Some(a) = &slots[s] {
                 ids.push(*a.ids.last().unwrap_or(&0));
                 sl.push(s as u32);
                 pos.push(a.cached as u32);
-                params.push(reqs[a.req].params);
-                counters.push(a.ids.len() as u64);
             }
         }
         let rows: Vec<u32> = (0..active.len() as u32).collect();
@@ -435,7 +430,6 @@ fn generate_inner<B: Backend>(
             },
             ad,
         )?;
-        let mut sampled = model.backend.sample(&logits, &params, &counters)?;
         let rows_done: Vec<Row> = active
             .iter()
             .filter_map(|&s| {
@@ -446,7 +440,7 @@ fn generate_inner<B: Backend>(
                 })
             })
             .collect();
-        let mut steps = constrain(model, tok, index, &logits, &rows_done, &mut sampled)?;
+        let (sampled, mut steps) = sample_step(model, tok, index, &logits, &rows_done)?;
         for (k, &s) in active.iter().enumerate() {
             let done = match slots[s].as_mut() {
                 Some(a) => {
@@ -550,43 +544,65 @@ fn allowed_set(
     Ok(Some((set, pieces.count() + stops, stop)))
 }
 
-/// Re-samples the rows whose request has an active constraint, on the host, from masked logits;
-/// per row, what the constraint did: whether it decided (a single choice, or too little allowed
-/// mass), the set it allowed and that set's log-probability mass.
-fn constrain<B: Backend>(
+/// Samples one token per row of `logits`; rows whose request has an active constraint sample
+/// from their allowed set, on the backend (one masked sampling call: on a GPU the logits stay
+/// on the device, only the bitsets go up). Per row, the token and what the constraint did:
+/// whether it decided (a single choice, or too little allowed mass), the set it allowed and
+/// that set's log-probability mass. A row whose allowed set holds no finite logit keeps the
+/// unconstrained sample, unconstrained.
+fn sample_step<B: Backend>(
     model: &Model<B>,
     tok: Option<&Tokenizer>,
     index: Option<&VocabIndex>,
     logits: &Tensor<B>,
     rows: &[Row],
-    sampled: &mut [Sampled],
-) -> Result<Vec<StepConstraint>> {
+) -> Result<(Vec<Sampled>, Vec<StepConstraint>)> {
+    let params: Vec<SamplingParams> = rows.iter().map(|r| r.req.params).collect();
+    let counters: Vec<u64> = rows.iter().map(|r| r.ids.len() as u64).collect();
     let mut out = vec![StepConstraint::default(); rows.len()];
-    let (Some(tok), Some(index)) = (tok, index) else {
-        return Ok(out);
+    let sets = match (tok, index) {
+        (Some(tok), Some(index)) if rows.iter().any(|r| r.req.constraint.is_some()) => {
+            let (_, vocab) = logits.dims2("sample")?;
+            rows.iter()
+                .map(|row| allowed_set(tok, index, row, vocab))
+                .collect::<Result<Vec<_>>>()?
+        }
+        _ => Vec::new(),
     };
-    if rows.iter().all(|r| r.req.constraint.is_none()) {
-        return Ok(out);
+    if sets.iter().all(Option::is_none) {
+        return Ok((model.backend.sample(logits, &params, &counters)?, out));
     }
-    let host = model.backend.to_host_f32(logits)?;
-    let vocab = host.len() / rows.len().max(1);
-    for (k, row) in rows.iter().enumerate() {
-        let Some((set, choices, _)) = allowed_set(tok, index, row, vocab)? else {
+    let masks: Vec<Option<&[u32]>> = sets
+        .iter()
+        .map(|s| s.as_ref().map(|(set, _, _)| set.words()))
+        .collect();
+    let masked = model
+        .backend
+        .sample_masked(logits, &params, &counters, &masks)?;
+    // Rows with nothing allowed (rare) fall back to the unconstrained sample.
+    let fallback = if masked.iter().any(Option::is_none) {
+        Some(model.backend.sample(logits, &params, &counters)?)
+    } else {
+        None
+    };
+    let mut sampled = Vec::with_capacity(rows.len());
+    for (k, (m, set)) in masked.into_iter().zip(sets).enumerate() {
+        let Some(m) = m else {
+            let f = fallback.as_ref().and_then(|f| f.get(k).copied());
+            sampled.push(f.ok_or_else(|| ModelError::Input("sampler returned no row".into()))?);
             continue;
         };
-        let r = row.req;
-        let row_logits = &host[k * vocab..(k + 1) * vocab];
-        if let Some(s) = sample_masked(row_logits, &set, &r.params, row.ids.len() as u64) {
-            sampled[k] = s;
-            let logmass = set.log_mass(row_logits, r.params.temperature);
+        sampled.push(m.sampled);
+        if let Some((set, choices, _)) = set {
             out[k] = StepConstraint {
-                forced: choices == 1 || below_min_mass(logmass, r.min_allowed_mass),
+                forced: choices == 1
+                    || below_min_mass(m.log_mass as f64, rows[k].req.min_allowed_mass),
                 allowed: Some(set),
-                logmass: logmass as f32,
+                logmass: m.log_mass,
             };
         }
     }
-    Ok(out)
+    Ok((sampled, out))
 }
 
 /// A constrained step whose allowed set holds less than `min_mass` of the policy's probability

@@ -6,7 +6,7 @@ use super::{attention, display_name, loss, ops, sampling, Cuda, CudaStorage};
 use crate::engine::backend::{AdamWParams, AttentionShape, Backend, HostData, MappedBytes};
 use crate::engine::cpu::bytes_to_f32;
 use crate::engine::error::{EngineError, Result};
-use crate::engine::sampling::{Sampled, SamplingParams};
+use crate::engine::sampling::{MaskedSample, Sampled, SamplingParams};
 use crate::engine::{DType, Tensor};
 
 fn check_len(len: usize, shape: &[usize]) -> Result<()> {
@@ -196,6 +196,16 @@ impl Backend for Cuda {
         counters: &[u64],
     ) -> Result<Vec<Sampled>> {
         sampling::sample(self, logits, params, counters)
+    }
+
+    fn sample_masked(
+        &self,
+        logits: &Tensor<Self>,
+        params: &[SamplingParams],
+        counters: &[u64],
+        masks: &[Option<&[u32]>],
+    ) -> Result<Vec<Option<MaskedSample>>> {
+        sampling::sample_masked(self, logits, params, counters, masks)
     }
 
     fn matmul(

@@ -123,6 +123,7 @@ pub fn launched_kernels() -> Vec<String> {
             "rms_norm_dweight",
             "log_softmax",
             "sample",
+            "sample_masked",
             "token_grad",
         ] {
             v.push(format!("{base}_{sfx}"));
