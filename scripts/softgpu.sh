@@ -67,13 +67,13 @@ nvo=${objs[${#objs[@]}-1]}
 unset 'objs[${#objs[@]}-1]'
 stamp=$(echo "${objs[*]} $nvo $ptxo" | sha256sum | cut -c1-32)
 if [ "$(cat "$out/lib/stamp" 2>/dev/null)" != "$stamp" ]; then
-  g++ -shared -Wl,-Bsymbolic -o "$out/lib/libcuda.so.tmp" "${objs[@]}" -ldl -lm
-  g++ -shared -o "$out/lib/libnvrtc.so.tmp" "$nvo"
+  g++ -shared -Wl,-Bsymbolic -o "$out/lib/libcuda.so.tmp$$" "${objs[@]}" -ldl -lm
+  g++ -shared -o "$out/lib/libnvrtc.so.tmp$$" "$nvo"
   mkdir -p "$out/bin"
-  g++ -o "$out/bin/ptx_test.tmp" "${objs[0]}" "$ptxo" -ldl -lm
-  mv "$out/bin/ptx_test.tmp" "$out/bin/ptx_test"
-  mv "$out/lib/libcuda.so.tmp" "$out/lib/libcuda.so"
-  mv "$out/lib/libnvrtc.so.tmp" "$out/lib/libnvrtc.so"
+  g++ -o "$out/bin/ptx_test.tmp$$" "${objs[0]}" "$ptxo" -ldl -lm
+  mv "$out/bin/ptx_test.tmp$$" "$out/bin/ptx_test"
+  mv "$out/lib/libcuda.so.tmp$$" "$out/lib/libcuda.so"
+  mv "$out/lib/libnvrtc.so.tmp$$" "$out/lib/libnvrtc.so"
   ln -sf libcuda.so "$out/lib/libcuda.so.1"
   echo "$stamp" >"$out/lib/stamp"
 fi
