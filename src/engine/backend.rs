@@ -244,6 +244,55 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         ))
     }
 
+    /// Per row of `logits [c, V]`: the log-probability of `targets[r]` and the entropy of the
+    /// distribution restricted to the allowed set `masks[r]` (bitsets as in
+    /// [`Backend::sample_masked`]). The default computes on the host
+    /// ([`crate::engine::restricted`]); a device backend keeps the logits on the device.
+    fn masked_logprobs(
+        &self,
+        logits: &Tensor<Self>,
+        masks: &[&[u32]],
+        targets: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (c, v) = logits.dims2("masked_logprobs")?;
+        crate::engine::restricted::check_rows("masked_logprobs", (c, v), masks, targets, None)?;
+        let host = self.to_host_f32(logits)?;
+        Ok(host
+            .chunks_exact(v.max(1))
+            .zip(masks.iter().zip(targets))
+            .map(|(row, (m, &t))| crate::engine::restricted::row_logprob(row, m, t))
+            .unzip())
+    }
+    /// `dL/dlogits [c, V]` (the logits' dtype) of [`Backend::masked_logprobs`] for
+    /// `dL/dlogp = g[r]` and `dL/dentropy = g_ent[r]`: 0 outside each row's allowed set.
+    fn masked_dlogits(
+        &self,
+        logits: &Tensor<Self>,
+        masks: &[&[u32]],
+        targets: &[u32],
+        g: &[f32],
+        g_ent: &[f32],
+    ) -> Result<Tensor<Self>> {
+        let (c, v) = logits.dims2("masked_dlogits")?;
+        crate::engine::restricted::check_rows(
+            "masked_dlogits",
+            (c, v),
+            masks,
+            targets,
+            Some((g, g_ent)),
+        )?;
+        let host = self.to_host_f32(logits)?;
+        let mut dl = vec![0.0f32; c * v];
+        for (r, (row, dst)) in host
+            .chunks_exact(v.max(1))
+            .zip(dl.chunks_exact_mut(v.max(1)))
+            .enumerate()
+        {
+            crate::engine::restricted::row_dlogits(row, masks[r], targets[r], g[r], g_ent[r], dst);
+        }
+        self.upload(HostData::F32(&dl), &[c, v])
+    }
+
     // ---- training ----
 
     /// `c [m, n] (+)= op(a) @ op(b)` where `op` transposes when asked (`a` is `[m, k]` or, with

@@ -7,6 +7,7 @@ pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod restricted;
 pub mod rng;
 pub mod sampling;
 pub mod shapes;

@@ -545,8 +545,7 @@ fn allowed_set(
 }
 
 /// Samples one token per row of `logits`; rows whose request has an active constraint sample
-/// from their allowed set, on the backend (one masked sampling call: on a GPU the logits stay
-/// on the device, only the bitsets go up). Per row, the token and what the constraint did:
+/// from their allowed set (on the host, see the note inside). Per row, the token and what the constraint did:
 /// whether it decided (a single choice, or too little allowed mass), the set it allowed and
 /// that set's log-probability mass. A row whose allowed set holds no finite logit keeps the
 /// unconstrained sample, unconstrained.
@@ -576,9 +575,13 @@ fn sample_step<B: Backend>(
         .iter()
         .map(|s| s.as_ref().map(|(set, _, _)| set.words()))
         .collect();
-    let masked = model
-        .backend
-        .sample_masked(logits, &params, &counters, &masks)?;
+    // Host path for now: the device's `sample_masked` draws untruncated rows by Gumbel-max and
+    // the host by inverse CDF (same law, other draws), so GPU rollouts would stop matching CPU
+    // rollouts seed for seed (the software-GPU repro comparison). Switch to
+    // `model.backend.sample_masked` once both draw by the same rule.
+    let (_, v) = logits.dims2("sample")?;
+    let host = model.backend.to_host_f32(logits)?;
+    let masked = crate::engine::sampling::sample_rows_masked(&host, v, &params, &counters, &masks);
     // Rows with nothing allowed (rare) fall back to the unconstrained sample.
     let fallback = if masked.iter().any(Option::is_none) {
         Some(model.backend.sample(logits, &params, &counters)?)

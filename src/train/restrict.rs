@@ -9,8 +9,9 @@
 //! gradient `head_a - E_{pi_c}[head]` (and the matching head gradient). The entropy of such a row
 //! (logged, and the entropy bonus) is the restricted distribution's too, and so is its gradient
 //! `-pi_c(b) (log pi_c(b) + H_c)` on the allowed logits. Logits of the restricted
-//! rows are computed with the backend's GEMMs, `CHUNK` rows at a time; the set arithmetic is on
-//! the host.
+//! rows are computed with the backend's GEMMs, `CHUNK` rows at a time, and reduced by the
+//! backend's `masked_logprobs` / `masked_dlogits` (on a GPU they never leave the device; the host
+//! reference is `engine::restricted`).
 
 use crate::engine::{Backend, HostData, Tensor};
 use crate::model::constraint::TokenSet;
@@ -27,22 +28,6 @@ pub struct Restricted {
     pub sets: Vec<TokenSet>,
     /// The target of each row.
     pub targets: Vec<u32>,
-}
-
-/// `logsumexp` of `row` over the ids in `set`.
-fn set_lse(row: &[f32], set: &TokenSet) -> f64 {
-    let m = row
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| set.contains(i as u32))
-        .fold(f64::NEG_INFINITY, |a, (_, &v)| a.max(v as f64));
-    let s: f64 = row
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| set.contains(i as u32))
-        .map(|(_, &v)| (v as f64 - m).exp())
-        .sum();
-    m + s.ln()
 }
 
 impl Restricted {
@@ -78,7 +63,8 @@ impl Restricted {
         Ok(out)
     }
 
-    /// Host logits `[c, V]` of rows `a..z` from head inputs `h [T, D]`, and the rows tensor.
+    /// Logits `[c, V]` of rows `a..z` from head inputs `h [T, D]` (on the backend), the rows
+    /// tensor and the gathered inputs.
     fn logits<B: Backend>(
         &self,
         be: &B,
@@ -86,12 +72,16 @@ impl Restricted {
         head: &Tensor<B>,
         a: usize,
         z: usize,
-    ) -> Result<(Tensor<B>, Tensor<B>, Vec<f32>)> {
+    ) -> Result<(Tensor<B>, Tensor<B>, Tensor<B>)> {
         let rows = be.upload(HostData::U32(&self.rows[a..z]), &[z - a])?;
         let hs = be.gather_rows(h, &rows)?;
         let logits = be.linear(&hs, head, None)?;
-        let host = be.to_host_f32(&logits)?;
-        Ok((rows, hs, host))
+        Ok((rows, hs, logits))
+    }
+
+    /// The allowed sets of rows `a..z` as bitsets.
+    fn masks(&self, a: usize, z: usize) -> Vec<&[u32]> {
+        self.sets[a..z].iter().map(|s| s.words()).collect()
     }
 
     /// The restricted log-probability of each row's target, and the entropy of each row's
@@ -102,58 +92,16 @@ impl Restricted {
         h: &Tensor<B>,
         head: &Tensor<B>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let v = head.shape()[0];
         let mut out = Vec::with_capacity(self.rows.len());
         let mut ent = Vec::with_capacity(self.rows.len());
         for a in (0..self.rows.len()).step_by(CHUNK) {
             let z = (a + CHUNK).min(self.rows.len());
-            let (_, _, host) = self.logits(be, h, head, a, z)?;
-            for k in a..z {
-                let row = &host[(k - a) * v..(k - a + 1) * v];
-                let lse = set_lse(row, &self.sets[k]);
-                out.push((row[self.targets[k] as usize] as f64 - lse) as f32);
-                let h: f64 = row
-                    .iter()
-                    .enumerate()
-                    .filter(|&(i, _)| self.sets[k].contains(i as u32))
-                    .map(|(_, &x)| {
-                        let lp = x as f64 - lse;
-                        -lp * lp.exp()
-                    })
-                    .sum();
-                ent.push(h as f32);
-            }
+            let (_, _, logits) = self.logits(be, h, head, a, z)?;
+            let (lp, e) = be.masked_logprobs(&logits, &self.masks(a, z), &self.targets[a..z])?;
+            out.extend(lp);
+            ent.extend(e);
         }
         Ok((out, ent))
-    }
-
-    /// `dL/dlogits` of restricted row `k` (host logits `row`) into `dst`, for `dL/dlogp_c = g`
-    /// and `dL/dH_c = g_ent`: `g (onehot - pi_c) - g_ent pi_c (log pi_c + H_c)` on the allowed
-    /// set, 0 elsewhere.
-    fn row_dlogits(&self, k: usize, row: &[f32], g: f32, g_ent: f32, dst: &mut [f32]) {
-        if g == 0.0 && g_ent == 0.0 {
-            return;
-        }
-        let set = &self.sets[k];
-        let lse = set_lse(row, set);
-        let allowed = || (0..row.len()).filter(|&b| set.contains(b as u32));
-        // The entropy costs a pass over the vocabulary: only when its gradient is wanted.
-        let entropy: f64 = if g_ent == 0.0 {
-            0.0
-        } else {
-            allowed()
-                .map(|b| {
-                    let lp = row[b] as f64 - lse;
-                    -lp * lp.exp()
-                })
-                .sum()
-        };
-        for b in allowed() {
-            let lp = row[b] as f64 - lse;
-            let p = lp.exp();
-            dst[b] = (-(g as f64) * p - g_ent as f64 * p * (lp + entropy)) as f32;
-        }
-        dst[self.targets[k] as usize] += g;
     }
 
     /// Backward for `dL/dlogp_c = g[k]` and `dL/dH_c = g_ent[k]` per restricted row: adds the
@@ -167,7 +115,7 @@ impl Restricted {
         g_ent: &[f32],
         mut dhead: Option<&mut Tensor<B>>,
     ) -> Result<Vec<(Tensor<B>, Tensor<B>)>> {
-        let (v, d) = (head.shape()[0], head.shape()[1]);
+        let d = head.shape()[1];
         let n = self.rows.len();
         if g.len() != n || g_ent.len() != n {
             return Err(TrainError::Input(format!(
@@ -182,14 +130,14 @@ impl Restricted {
             if (a..z).all(|k| g[k] == 0.0 && g_ent[k] == 0.0) {
                 continue;
             }
-            let (rows, hs, host) = self.logits(be, h, head, a, z)?;
-            let mut dl = vec![0.0f32; (z - a) * v];
-            for k in a..z {
-                let row = &host[(k - a) * v..(k - a + 1) * v];
-                let dst = &mut dl[(k - a) * v..(k - a + 1) * v];
-                self.row_dlogits(k, row, g[k], g_ent[k], dst);
-            }
-            let dlt = be.upload(HostData::F32(&dl), &[z - a, v])?;
+            let (rows, hs, logits) = self.logits(be, h, head, a, z)?;
+            let dlt = be.masked_dlogits(
+                &logits,
+                &self.masks(a, z),
+                &self.targets[a..z],
+                &g[a..z],
+                &g_ent[a..z],
+            )?;
             let mut dhs = be.zeros(&[z - a, d], crate::engine::DType::F32)?;
             be.matmul(&dlt, false, head, false, &mut dhs, false)?;
             if let Some(dh) = dhead.as_deref_mut() {

@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 
-use super::{attention, display_name, loss, ops, sampling, Cuda, CudaStorage};
+use super::{attention, display_name, loss, ops, restrict, sampling, Cuda, CudaStorage};
 use crate::engine::backend::{AdamWParams, AttentionShape, Backend, HostData, MappedBytes};
 use crate::engine::cpu::bytes_to_f32;
 use crate::engine::error::{EngineError, Result};
@@ -206,6 +206,26 @@ impl Backend for Cuda {
         masks: &[Option<&[u32]>],
     ) -> Result<Vec<Option<MaskedSample>>> {
         sampling::sample_masked(self, logits, params, counters, masks)
+    }
+
+    fn masked_logprobs(
+        &self,
+        logits: &Tensor<Self>,
+        masks: &[&[u32]],
+        targets: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        restrict::masked_logprobs(self, logits, masks, targets)
+    }
+
+    fn masked_dlogits(
+        &self,
+        logits: &Tensor<Self>,
+        masks: &[&[u32]],
+        targets: &[u32],
+        g: &[f32],
+        g_ent: &[f32],
+    ) -> Result<Tensor<Self>> {
+        restrict::masked_dlogits(self, logits, masks, targets, g, g_ent)
     }
 
     fn matmul(

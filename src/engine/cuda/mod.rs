@@ -16,6 +16,7 @@ mod loss;
 pub mod memory;
 mod ops;
 pub mod registry;
+mod restrict;
 mod sampling;
 pub mod transfers;
 

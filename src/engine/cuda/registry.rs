@@ -124,6 +124,8 @@ pub fn launched_kernels() -> Vec<String> {
             "log_softmax",
             "sample",
             "sample_masked",
+            "masked_logprobs",
+            "masked_dlogits",
             "token_grad",
         ] {
             v.push(format!("{base}_{sfx}"));
