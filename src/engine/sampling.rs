@@ -61,8 +61,17 @@ pub struct Sampled {
     pub logprob: f32,
 }
 
-/// Log-sum-exp of `x / t` in f64.
-fn log_sum_exp(x: &[f32], inv_t: f64) -> f64 {
+/// `1 / T` of a sampling temperature; `T <= 0` (greedy) reads as 1.
+pub fn inv_temperature(temperature: f32) -> f64 {
+    if temperature > 0.0 {
+        1.0 / temperature as f64
+    } else {
+        1.0
+    }
+}
+
+/// Log-sum-exp of `x / t` in f64 (`inv_t` = `1 / t`).
+pub fn log_sum_exp(x: &[f32], inv_t: f64) -> f64 {
     let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64 * inv_t;
     let s: f64 = x.iter().map(|&v| (v as f64 * inv_t - m).exp()).sum();
     m + s.ln()
@@ -71,11 +80,7 @@ fn log_sum_exp(x: &[f32], inv_t: f64) -> f64 {
 /// The candidate set after top-k and top-p, as (token, probability) sorted by decreasing
 /// probability (ties by increasing id), probabilities renormalised over the set.
 pub fn truncated_distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
-    let inv_t = if p.temperature > 0.0 {
-        1.0 / p.temperature as f64
-    } else {
-        1.0
-    };
+    let inv_t = inv_temperature(p.temperature);
     let lse = log_sum_exp(logits, inv_t);
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let by_logit_desc = |a: &u32, b: &u32| {
@@ -183,11 +188,7 @@ pub fn sample_row_masked(
         return None;
     }
     let s = sample_row(&masked, p, counter);
-    let inv_t = if p.temperature > 0.0 {
-        1.0 / p.temperature as f64
-    } else {
-        1.0
-    };
+    let inv_t = inv_temperature(p.temperature);
     let lse = log_sum_exp(logits, inv_t);
     Some(Sampled {
         id: s.id,
@@ -210,11 +211,7 @@ pub struct MaskedSample {
 /// `log sum_{b in mask} softmax(row / T)_b` over the finite logits (`T <= 0` reads as 1, like
 /// greedy log-probabilities); `mask` is the bitset layout of [`sample_row_masked`].
 pub fn masked_log_mass(row: &[f32], mask: &[u32], temperature: f32) -> f64 {
-    let inv_t = if temperature > 0.0 {
-        1.0 / temperature as f64
-    } else {
-        1.0
-    };
+    let inv_t = inv_temperature(temperature);
     let m = row
         .iter()
         .filter(|v| v.is_finite())

@@ -144,22 +144,20 @@ pub fn token_pieces(tok: &crate::model::Tokenizer) -> Vec<Option<String>> {
         .collect()
 }
 
-/// Samples one row from the tokens in `allowed` (the others get probability 0); the returned
-/// log-probability is the token's under the unconstrained distribution at the temperature
-/// (subtract [`TokenSet::log_mass`] for the renormalised one RL scores it under).
-pub fn sample_masked(
-    logits: &[f32],
-    allowed: &TokenSet,
-    p: &crate::engine::SamplingParams,
-    counter: u64,
-) -> Option<crate::engine::sampling::Sampled> {
-    crate::engine::sampling::sample_row_masked(logits, allowed.words(), p, counter)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::SamplingParams;
+
+    /// Samples one row from the tokens in `allowed` (what constrained generation does per row).
+    fn sample_masked(
+        logits: &[f32],
+        allowed: &TokenSet,
+        p: &SamplingParams,
+        counter: u64,
+    ) -> Option<crate::engine::sampling::Sampled> {
+        crate::engine::sampling::sample_row_masked(logits, allowed.words(), p, counter)
+    }
 
     #[test]
     fn token_sets_follow_the_allowed_pieces_and_stops_and_weigh_their_mass() {

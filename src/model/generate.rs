@@ -559,13 +559,12 @@ fn sample_step<B: Backend>(
     let params: Vec<SamplingParams> = rows.iter().map(|r| r.req.params).collect();
     let counters: Vec<u64> = rows.iter().map(|r| r.ids.len() as u64).collect();
     let mut out = vec![StepConstraint::default(); rows.len()];
+    let (_, vocab) = logits.dims2("sample")?;
     let sets = match (tok, index) {
-        (Some(tok), Some(index)) if rows.iter().any(|r| r.req.constraint.is_some()) => {
-            let (_, vocab) = logits.dims2("sample")?;
-            rows.iter()
-                .map(|row| allowed_set(tok, index, row, vocab))
-                .collect::<Result<Vec<_>>>()?
-        }
+        (Some(tok), Some(index)) if rows.iter().any(|r| r.req.constraint.is_some()) => rows
+            .iter()
+            .map(|row| allowed_set(tok, index, row, vocab))
+            .collect::<Result<Vec<_>>>()?,
         _ => Vec::new(),
     };
     if sets.iter().all(Option::is_none) {
@@ -579,9 +578,9 @@ fn sample_step<B: Backend>(
     // the host by inverse CDF (same law, other draws), so GPU rollouts would stop matching CPU
     // rollouts seed for seed (the software-GPU repro comparison). Switch to
     // `model.backend.sample_masked` once both draw by the same rule.
-    let (_, v) = logits.dims2("sample")?;
     let host = model.backend.to_host_f32(logits)?;
-    let masked = crate::engine::sampling::sample_rows_masked(&host, v, &params, &counters, &masks);
+    let masked =
+        crate::engine::sampling::sample_rows_masked(&host, vocab, &params, &counters, &masks);
     // Rows with nothing allowed (rare) fall back to the unconstrained sample.
     let fallback = if masked.iter().any(Option::is_none) {
         Some(model.backend.sample(logits, &params, &counters)?)

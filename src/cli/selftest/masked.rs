@@ -10,7 +10,9 @@ use anyhow::Result;
 
 use sorft::engine::backend::{Backend, HostData};
 use sorft::engine::rng::SplitMix;
-use sorft::engine::sampling::{mask_bit, MaskedSample, SamplingParams};
+use sorft::engine::sampling::{
+    inv_temperature, log_sum_exp, mask_bit, MaskedSample, SamplingParams,
+};
 use sorft::engine::{Cpu, Cuda, DType};
 
 use super::Checks;
@@ -81,21 +83,8 @@ fn masks(vocab: usize, rng: &mut SplitMix) -> Vec<Option<Vec<u32>>> {
 
 /// `x / T - logsumexp(row / T)` for token `id` (the unconstrained log-probability), in f64.
 fn full_logprob(row: &[f32], id: usize, temperature: f32) -> f64 {
-    let inv_t = if temperature > 0.0 {
-        1.0 / temperature as f64
-    } else {
-        1.0
-    };
-    let m = row
-        .iter()
-        .filter(|v| v.is_finite())
-        .fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64 * inv_t));
-    let s: f64 = row
-        .iter()
-        .filter(|v| v.is_finite())
-        .map(|&v| (v as f64 * inv_t - m).exp())
-        .sum();
-    row[id] as f64 * inv_t - (m + s.ln())
+    let inv_t = inv_temperature(temperature);
+    row[id] as f64 * inv_t - log_sum_exp(row, inv_t)
 }
 
 /// Device and host results of every mode on the rows of [`masks`].
