@@ -1,7 +1,8 @@
 // Fused temperature / top-k / top-p sampling over the full vocabulary, one 1024-thread block per
 // row, without sorting the vocabulary:
 //   pass 1: max, log-sum-exp and argmax of logits / T (greedy rows stop here);
-//   untruncated rows: pass 2 is Gumbel-max with counter-based noise (exact distribution);
+//   untruncated rows: pass 2 is Gumbel-max with counter-based noise (exact distribution; the
+//   host reference draws them the same way, rounding by rounding, so both pick the same token);
 //   truncated rows: pass 2 builds a histogram of (max - x) in 1/32-nat bins (count and mass) and
 //   collects the tokens within 12 nats of the max into shared memory. The histogram gives the
 //   bin that holds the top-k / top-p boundary; if every token up to that bin was collected, the
@@ -77,7 +78,7 @@ __device__ __forceinline__ bool allowed(const u32* mrow, u32 i) {
 // x = z / T, or -inf where the row's mask (if any) disallows the token.
 template <typename T>
 __device__ __forceinline__ float scaled(const T* z, const u32* mrow, u32 i, float inv_t) {
-    return allowed(mrow, i) ? to_f32(z[i]) * inv_t : NEG_INF;
+    return allowed(mrow, i) ? __fmul_rn(to_f32(z[i]), inv_t) : NEG_INF;
 }
 
 template <typename T>
@@ -142,10 +143,11 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
         for (u32 i = threadIdx.x; i < v; i += THREADS) {
             float x = scaled(z, mrow, i, inv_t);
             if (x == NEG_INF) continue;
-            float key = x + gumbel(p.seed, i, p.counter);
+            float key = __fadd_rn(x, gumbel(p.seed, i, p.counter));
             if (before(key, i, gk, gi)) { gk = key; gi = i; }
         }
         block_argmax(gk, gi, sk, si);
+        if (gi == 0xffffffffu) gi = 0;  // no key is a number (an all -inf / NaN row)
         if (threadIdx.x == 0) { out_id[blockIdx.x] = gi; out_logp[blockIdx.x] = to_f32(z[gi]) * inv_t - lse_out; }
         return;
     }
@@ -205,7 +207,7 @@ __device__ void sample_impl(const T* logits, const SampleParams* params, u32* ou
             if (b <= cutoff) {
                 u32 at = atomicAdd(&ncand, 1u);
                 if (at < CAP) { cz[at] = to_f32(z[i]); cid[at] = i; }
-                float key = x + gumbel(p.seed, i, p.counter);
+                float key = __fadd_rn(x, gumbel(p.seed, i, p.counter));
                 if (before(key, i, gk, gi)) { gk = key; gi = i; }
             }
         }

@@ -143,6 +143,13 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, counter: u64) -> Sampled {
     }
     let inv_t = 1.0 / p.temperature as f64;
     let lse = log_sum_exp(logits, inv_t);
+    if untruncated(p, logits.len()) {
+        let id = gumbel_max(logits, 1.0 / p.temperature, p.seed, counter);
+        return Sampled {
+            id,
+            logprob: (logits[id as usize] as f64 * inv_t - lse) as f32,
+        };
+    }
     let dist = truncated_distribution(logits, p);
     let u = rng::uniform(p.seed, 0, counter);
     let mut cum = 0.0;
@@ -157,6 +164,43 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, counter: u64) -> Sampled {
     Sampled {
         id,
         logprob: (logits[id as usize] as f64 * inv_t - lse) as f32,
+    }
+}
+
+/// Whether a sampled row keeps every token (no top-k below `v`, no top-p): such rows are drawn
+/// by Gumbel-max, on the host exactly as the CUDA sampler draws them.
+pub fn untruncated(p: &SamplingParams, v: usize) -> bool {
+    (p.top_k == 0 || p.top_k >= v) && p.top_p >= 1.0
+}
+
+/// The Gumbel noise added to token `i`'s scaled logit at `counter`: `-ln(-ln u)` of the
+/// counter-based uniform of stream `i + 1`, rounded to f32 (the CUDA kernels' `gumbel`).
+pub fn gumbel(seed: u64, i: u32, counter: u64) -> f32 {
+    let u = rng::uniform(seed, i as u64 + 1, counter);
+    let u = if u <= 0.0 { 1e-300 } else { u };
+    (-(-u.ln()).ln()) as f32
+}
+
+/// Gumbel-max over a whole row: the arg-max of `z * inv_t + gumbel` in f32 (products and sums
+/// rounded once each, as the kernel's `__fmul_rn` / `__fadd_rn`), lowest id on ties, `-inf`
+/// tokens never drawn; token 0 when no key is a number. Exact samples from `softmax(z * inv_t)`.
+pub fn gumbel_max(logits: &[f32], inv_t: f32, seed: u64, counter: u64) -> u32 {
+    let (mut best_key, mut best) = (f32::NEG_INFINITY, u32::MAX);
+    for (i, &z) in logits.iter().enumerate() {
+        let x = z * inv_t;
+        if x == f32::NEG_INFINITY {
+            continue;
+        }
+        let key = x + gumbel(seed, i as u32, counter);
+        // Ascending ids: a tie keeps the lower id already held.
+        if key > best_key || (key == best_key && best == u32::MAX) {
+            (best_key, best) = (key, i as u32);
+        }
+    }
+    if best == u32::MAX {
+        0
+    } else {
+        best
     }
 }
 
@@ -350,6 +394,32 @@ mod tests {
             .sum();
         // 3 degrees of freedom: P(chi2 > 16.27) = 0.001.
         assert!(chi2 < 16.27, "chi2 {chi2}, counts {counts:?}");
+    }
+
+    #[test]
+    fn untruncated_gumbel_max_draws_follow_the_softmax_chi_square() {
+        let logits = [1.0f32, 0.5, 0.0, -0.5, f32::NEG_INFINITY, -1.5];
+        let p = params(0.8, 0, 1.0);
+        assert!(untruncated(&p, logits.len()) && !untruncated(&params(0.8, 3, 1.0), 6));
+        let n = 40_000u64;
+        let mut counts = [0u64; 6];
+        for c in 0..n {
+            counts[sample_row(&logits, &p, c).id as usize] += 1;
+        }
+        assert_eq!(counts[4], 0, "a -inf token was drawn");
+        let lse = log_sum_exp(&logits, 1.25);
+        let chi2: f64 = [0usize, 1, 2, 3, 5]
+            .iter()
+            .map(|&t| {
+                let e = (logits[t] as f64 * 1.25 - lse).exp() * n as f64;
+                (counts[t] as f64 - e).powi(2) / e
+            })
+            .sum();
+        // 4 degrees of freedom: P(chi2 > 18.47) = 0.001.
+        assert!(chi2 < 18.47, "chi2 {chi2}, counts {counts:?}");
+        // A row with nothing finite draws token 0 instead of reading past the row.
+        let none = [f32::NEG_INFINITY, f32::NAN];
+        assert_eq!(sample_row(&none, &p, 0).id, 0);
     }
 
     #[test]

@@ -545,7 +545,8 @@ fn allowed_set(
 }
 
 /// Samples one token per row of `logits`; rows whose request has an active constraint sample
-/// from their allowed set (on the host, see the note inside). Per row, the token and what the constraint did:
+/// from their allowed set on the backend (masks up, tokens and log-masses down; the logits stay
+/// where they are). Per row, the token and what the constraint did:
 /// whether it decided (a single choice, or too little allowed mass), the set it allowed and
 /// that set's log-probability mass. A row whose allowed set holds no finite logit keeps the
 /// unconstrained sample, unconstrained.
@@ -574,13 +575,10 @@ fn sample_step<B: Backend>(
         .iter()
         .map(|s| s.as_ref().map(|(set, _, _)| set.words()))
         .collect();
-    // Host path for now: the device's `sample_masked` draws untruncated rows by Gumbel-max and
-    // the host by inverse CDF (same law, other draws), so GPU rollouts would stop matching CPU
-    // rollouts seed for seed (the software-GPU repro comparison). Switch to
-    // `model.backend.sample_masked` once both draw by the same rule.
-    let host = model.backend.to_host_f32(logits)?;
-    let masked =
-        crate::engine::sampling::sample_rows_masked(&host, vocab, &params, &counters, &masks);
+    // On the device the logits stay there: the masks go up, tokens and log-masses come back.
+    let masked = model
+        .backend
+        .sample_masked(logits, &params, &counters, &masks)?;
     // Rows with nothing allowed (rare) fall back to the unconstrained sample.
     let fallback = if masked.iter().any(Option::is_none) {
         Some(model.backend.sample(logits, &params, &counters)?)

@@ -128,6 +128,8 @@ inline int __float_as_int(float f) {
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 
 template <typename A, typename B> inline typename std::common_type<A, B>::type min(A a, B b) {
