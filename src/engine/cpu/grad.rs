@@ -5,8 +5,8 @@
 
 use rayon::prelude::*;
 
+use super::attn_train::{self, Packed};
 use super::matmul::{gemm, MatRef};
-use super::simd::dot;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::{AdamWParams, AttentionShape, IGNORE_TARGET};
 use crate::engine::error::{EngineError, Result};
@@ -223,53 +223,17 @@ pub fn attention_train(
     cu_seqlens: &Tensor<Cpu>,
     sh: AttentionShape,
 ) -> Result<(Tensor<Cpu>, Tensor<Cpu>)> {
-    let (t, qf, kf) = check_attn("attention_train", q, k, v, sh)?;
-    let seqs = seq_bounds(cu_seqlens, t, "attention_train")?;
-    let mut start = vec![0usize; t];
-    for &(s, e) in &seqs {
-        start[s..e].iter_mut().for_each(|x| *x = s);
-    }
-    let (qs, ks, vs) = (
-        f32s(q, "attention_train")?,
-        f32s(k, "attention_train")?,
-        f32s(v, "attention_train")?,
-    );
-    let d = sh.head_dim;
-    let nh = sh.n_heads;
-    let group = nh / sh.n_kv_heads;
-    let mut out = vec![0.0f32; t * qf];
-    let mut lse = vec![0.0f32; t * nh];
-    out.par_chunks_mut(d)
-        .zip(lse.par_iter_mut())
-        .enumerate()
-        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, (o, l))| {
-            let (row, h) = (i / nh, i % nh);
-            let off = (h / group) * d;
-            let qv = &qs[row * qf + h * d..row * qf + (h + 1) * d];
-            let n = row + 1 - start[row];
-            *l = super::attention::attend_row(
-                qv,
-                ks,
-                vs,
-                start[row] * kf + off,
-                kf,
-                n,
-                sh.scale,
-                scores,
-                o,
-            );
-        });
-    Ok((tensor_f32(out, &[t, qf]), tensor_f32(lse, &[t, nh])))
-}
-
-/// Gradients of one (sequence, kv head) task: `dq` rows for the group's query heads, `dk`, `dv`.
-struct AttnGrad {
-    s: usize,
-    e: usize,
-    g: usize,
-    dq: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
+    let op = "attention_train";
+    let (t, qf, _) = check_attn(op, q, k, v, sh)?;
+    let seqs = seq_bounds(cu_seqlens, t, op)?;
+    let x = Packed {
+        q: f32s(q, op)?,
+        k: f32s(k, op)?,
+        v: f32s(v, op)?,
+        sh,
+    };
+    let (out, lse) = attn_train::forward(x, &seqs, t);
+    Ok((tensor_f32(out, &[t, qf]), tensor_f32(lse, &[t, sh.n_heads])))
 }
 
 /// Backward of packed causal attention; parallel over (sequence, kv head).
@@ -296,77 +260,18 @@ pub fn attention_backward(
         ));
     }
     let seqs = seq_bounds(cu_seqlens, t, op)?;
-    let (qs, ks, vs) = (f32s(q, op)?, f32s(k, op)?, f32s(v, op)?);
-    let (os, ls, dos) = (f32s(out, op)?, f32s(lse, op)?, f32s(dout, op)?);
-    let d = sh.head_dim;
-    let nkv = sh.n_kv_heads;
-    let group = nh / nkv;
-    let tasks: Vec<(usize, usize, usize)> = seqs
-        .iter()
-        .flat_map(|&(s, e)| (0..nkv).map(move |g| (s, e, g)))
-        .collect();
-    let grads: Vec<AttnGrad> = tasks
-        .par_iter()
-        .map(|&(s, e, g)| {
-            let l = e - s;
-            let mut dq = vec![0.0f32; l * group * d];
-            let mut dk = vec![0.0f32; l * d];
-            let mut dv = vec![0.0f32; l * d];
-            let koff = g * d;
-            for hh in 0..group {
-                let h = g * group + hh;
-                for i in 0..l {
-                    let row = s + i;
-                    let qv = &qs[row * qf + h * d..row * qf + (h + 1) * d];
-                    let dov = &dos[row * qf + h * d..row * qf + (h + 1) * d];
-                    let ov = &os[row * qf + h * d..row * qf + (h + 1) * d];
-                    let di = dot(dov, ov);
-                    let li = ls[row * nh + h];
-                    let dqi = &mut dq[(i * group + hh) * d..(i * group + hh + 1) * d];
-                    for j in 0..=i {
-                        let col = s + j;
-                        let kv = &ks[col * kf + koff..col * kf + koff + d];
-                        let vv = &vs[col * kf + koff..col * kf + koff + d];
-                        let p = (dot(qv, kv) * sh.scale - li).exp();
-                        let dp = dot(dov, vv);
-                        let ds = p * (dp - di) * sh.scale;
-                        for x in 0..d {
-                            dqi[x] += ds * kv[x];
-                        }
-                        let dkj = &mut dk[j * d..(j + 1) * d];
-                        for x in 0..d {
-                            dkj[x] += ds * qv[x];
-                        }
-                        let dvj = &mut dv[j * d..(j + 1) * d];
-                        for x in 0..d {
-                            dvj[x] += p * dov[x];
-                        }
-                    }
-                }
-            }
-            AttnGrad {
-                s,
-                e,
-                g,
-                dq,
-                dk,
-                dv,
-            }
-        })
-        .collect();
-    let mut dq = vec![0.0f32; t * qf];
-    let mut dk = vec![0.0f32; t * kf];
-    let mut dv = vec![0.0f32; t * kf];
-    for ag in grads {
-        for i in 0..ag.e - ag.s {
-            let row = ag.s + i;
-            let qdst = row * qf + ag.g * group * d;
-            dq[qdst..qdst + group * d].copy_from_slice(&ag.dq[i * group * d..(i + 1) * group * d]);
-            let kdst = row * kf + ag.g * d;
-            dk[kdst..kdst + d].copy_from_slice(&ag.dk[i * d..(i + 1) * d]);
-            dv[kdst..kdst + d].copy_from_slice(&ag.dv[i * d..(i + 1) * d]);
-        }
-    }
+    let x = Packed {
+        q: f32s(q, op)?,
+        k: f32s(k, op)?,
+        v: f32s(v, op)?,
+        sh,
+    };
+    let saved = attn_train::Saved {
+        out: f32s(out, op)?,
+        lse: f32s(lse, op)?,
+        dout: f32s(dout, op)?,
+    };
+    let (dq, dk, dv) = attn_train::backward(x, saved, &seqs, t);
     Ok((
         tensor_f32(dq, &[t, qf]),
         tensor_f32(dk, &[t, kf]),

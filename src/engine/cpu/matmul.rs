@@ -33,6 +33,39 @@ pub struct MatRef<'a> {
 
 /// `c [m, n] (+)= a [m, k] @ b [k, n]` through the gemm crate; `c` is row-major and contiguous.
 pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 && m * n * k >= 32 * 32 * 32 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    gemm_with(m, n, k, a, b, c, accumulate, par);
+}
+
+/// [`gemm`] on the calling thread only: for products inside tasks that are already parallel.
+pub fn gemm_serial(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    gemm_with(m, n, k, a, b, c, accumulate, gemm::Parallelism::None);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_with(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: &mut [f32],
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -42,12 +75,6 @@ pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], a
         }
         return;
     }
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 && m * n * k >= 32 * 32 * 32 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
     // SAFETY: the slices outlive the call, the strides address only elements inside them (checked
     // by the callers' shape checks), and `c` is not aliased by `a` or `b`.
     unsafe {

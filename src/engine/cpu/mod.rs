@@ -2,6 +2,7 @@
 //! It is the reference every other backend is checked against.
 
 mod attention;
+mod attn_train;
 mod grad;
 pub mod matmul;
 mod ops;
