@@ -311,7 +311,10 @@ fn dlogit_errors(
             let in_set = mask_bit(&row.mask, b) && z[b] != f32::NEG_INFINITY;
             let exact = !in_set && b != row.target as usize;
             if exact && g[b] != 0.0 {
-                row_bad = Some(format!("{} at {b} outside the allowed set", g[b]));
+                row_bad = Some(format!(
+                    "{} at {b}, outside the mask or -inf (want 0)",
+                    g[b]
+                ));
                 break;
             }
             if !g[b].is_finite() {
