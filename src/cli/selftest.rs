@@ -23,6 +23,7 @@ mod gemm;
 mod hotpath;
 mod masked;
 mod realistic;
+mod restrict;
 
 /// Which backend to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -31,6 +32,15 @@ pub enum Device {
     Cpu,
     /// The CUDA backend against the CPU backend.
     Cuda,
+}
+
+/// One group of the CUDA checks, run alone (`sorft selftest --only`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Only {
+    /// The grammar-masked sampler (`selftest/masked.rs`).
+    Masked,
+    /// Restricted log-probabilities and their gradients (`selftest/restrict.rs`).
+    Restrict,
 }
 
 /// Arguments of `sorft selftest`.
@@ -59,6 +69,10 @@ pub struct SelftestArgs {
     /// Run the realistic-shape cases at full size (T 4,096, vocabulary 151,936).
     #[arg(long)]
     pub realistic: bool,
+    /// With `--device cuda`: only this group of checks (the software-GPU tests of one kernel
+    /// file run in seconds instead of the whole selftest).
+    #[arg(long, value_enum)]
+    pub only: Option<Only>,
 }
 
 /// Relative tolerance of a dtype (`|got - want| <= tol * (|want| + rms(want))`).
@@ -161,6 +175,9 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     let mut checks = Checks::default();
     match a.device {
         Device::Cpu => {
+            if a.only.is_some() {
+                bail!("selftest --only selects CUDA checks: use it with --device cuda");
+            }
             sampling_checks(&Cpu, "cpu", 4096, (512, 40), a.seed, &mut checks)?;
             masked_sampling_checks(&Cpu, "cpu", a.seed, &mut checks)?;
             topk_topp_check(&Cpu, "cpu", a.seed, &mut checks)?;
@@ -172,25 +189,10 @@ pub fn run(a: SelftestArgs) -> Result<()> {
             };
             gemm::apply(&gpu, a.gemm)?;
             println!("selftest on {} ({})", gpu.name(), gpu.load_summary());
-            for dtype in [DType::F32, DType::BF16] {
-                let be = gpu.with_dtype(dtype)?;
-                be.set_poison(true);
-                kernel_checks(&be, a.seed, &mut checks)?;
-            }
-            let be = gpu.with_dtype(DType::BF16)?;
-            let (vocab, rows_draws) = if a.quick {
-                (4096, (64, 6))
-            } else {
-                (151_936, (512, 40))
-            };
-            sampling_checks(&be, "cuda", vocab, rows_draws, a.seed, &mut checks)?;
-            masked_sampling_checks(&be, "cuda", a.seed, &mut checks)?;
-            topk_topp_check(&be, "cuda", a.seed, &mut checks)?;
-            masked::checks(&gpu, a.seed, &mut checks)?;
-            hotpath::checks(&gpu, &mut checks)?;
-            realistic::checks(&gpu, a.realistic, a.seed, &mut checks)?;
-            if !a.no_model {
-                model_checks(&gpu, &mut checks)?;
+            match a.only {
+                Some(Only::Masked) => masked::checks(&gpu, a.seed, &mut checks)?,
+                Some(Only::Restrict) => restrict::checks(&gpu, a.seed, &mut checks)?,
+                None => all_cuda_checks(&gpu, &a, &mut checks)?,
             }
         }
     }
@@ -202,6 +204,33 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     );
     if !checks.all_passed() {
         bail!("selftest: {failed} check(s) failed");
+    }
+    Ok(())
+}
+
+/// Every CUDA check (kernels, sampling, masked sampling, restricted log-probabilities, hot
+/// paths, realistic shapes, then the whole model unless `--no-model`).
+fn all_cuda_checks(gpu: &Cuda, a: &SelftestArgs, checks: &mut Checks) -> Result<()> {
+    for dtype in [DType::F32, DType::BF16] {
+        let be = gpu.with_dtype(dtype)?;
+        be.set_poison(true);
+        kernel_checks(&be, a.seed, checks)?;
+    }
+    let be = gpu.with_dtype(DType::BF16)?;
+    let (vocab, rows_draws) = if a.quick {
+        (4096, (64, 6))
+    } else {
+        (151_936, (512, 40))
+    };
+    sampling_checks(&be, "cuda", vocab, rows_draws, a.seed, checks)?;
+    masked_sampling_checks(&be, "cuda", a.seed, checks)?;
+    topk_topp_check(&be, "cuda", a.seed, checks)?;
+    masked::checks(gpu, a.seed, checks)?;
+    restrict::checks(gpu, a.seed, checks)?;
+    hotpath::checks(gpu, checks)?;
+    realistic::checks(gpu, a.realistic, a.seed, checks)?;
+    if !a.no_model {
+        model_checks(gpu, checks)?;
     }
     Ok(())
 }
@@ -1304,6 +1333,7 @@ mod tests {
             attention: None,
             gemm: gemm::GemmChoice::Auto,
             realistic: false,
+            only: None,
         })
         .unwrap_err();
         let msg = e.to_string();
