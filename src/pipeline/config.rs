@@ -66,6 +66,13 @@ pub struct ModelSection {
     pub warmup_batch_tokens: usize,
     /// Package-renamed copies of each warm-up document (see `pipeline::augment`).
     pub warmup_renames: usize,
+    /// Copy / induction exercises trained before the warm-up, one epoch (0: none; see
+    /// `pipeline::curriculum`). Only for a model created from scratch (`base` empty).
+    pub curriculum_exercises: usize,
+    /// Learning rate of the curriculum.
+    pub curriculum_lr: f32,
+    /// Tokens per curriculum micro-batch.
+    pub curriculum_batch_tokens: usize,
 }
 
 impl Default for ModelSection {
@@ -77,6 +84,9 @@ impl Default for ModelSection {
             warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,
             warmup_renames: 1,
+            curriculum_exercises: 0,
+            curriculum_lr: 3e-3,
+            curriculum_batch_tokens: 2048,
         }
     }
 }
@@ -200,6 +210,7 @@ impl ReproConfig {
         c.data.heldout_fraction = 0.25;
         c.model.preset = Preset::Tiny;
         c.model.warmup_epochs = 1;
+        c.model.curriculum_exercises = 64;
         c.stage1.samples_per_prompt = 2;
         c.stage1.epochs = 1;
         c.stage1.max_len = 1536;

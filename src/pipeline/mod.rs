@@ -3,6 +3,7 @@
 pub mod augment;
 pub mod compare;
 pub mod config;
+pub mod curriculum;
 pub mod export;
 pub mod failforge;
 pub mod p2t_stage1;

@@ -65,6 +65,9 @@ pub struct StageResult {
     pub sampled_mean_reward: f64,
     /// Mean reward per subtask on the dev split (free, greedy): the numbers to tune on.
     pub dev_subtask_reward: BTreeMap<String, f64>,
+    /// Loss on the second copy of held-out random spans (`pipeline::curriculum`'s induction
+    /// probe): under ~1 the model copies from its context, ~3 it guesses.
+    pub induction_probe_loss: f64,
     /// The end-to-end Agentless evaluation on the test split.
     pub pipeline: EvalSummary,
     /// Per-instance scores behind the means, for the paired comparisons.
@@ -151,6 +154,27 @@ fn chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
     }
     f.flush()?;
     Ok(())
+}
+
+/// Held-out repeat exercises in the induction probe.
+const PROBE_SIZE: usize = 64;
+
+/// Mean loss of `model` on the assistant tokens of the induction probe.
+fn probe_loss<B: Backend>(
+    model: &Model<B>,
+    tok: &Tokenizer,
+    probe: &[Vec<Message>],
+) -> anyhow::Result<f64> {
+    let examples: Vec<crate::train::data::ChatExample> = probe
+        .iter()
+        .map(|m| crate::train::data::ChatExample {
+            messages: m.clone(),
+            text: None,
+            weight: 1.0,
+        })
+        .collect();
+    let (seqs, _) = crate::train::data::encode_examples(tok, &examples, 512)?;
+    Ok(crate::train::sft::eval_loss(model, None, &seqs, 2048, 256)?.0)
 }
 
 fn text_jsonl(path: &Path, docs: &[String]) -> anyhow::Result<()> {
@@ -444,6 +468,49 @@ pub fn run_repro<B: Backend>(
         dir
     };
 
+    // ---- copy / induction curriculum ----
+    let names = crate::pipeline::curriculum::Names::from_code(
+        code_files
+            .iter()
+            .map(|(p, (_, t))| (p.as_str(), t.as_str())),
+    );
+    let probe = crate::pipeline::curriculum::induction_probe(
+        PROBE_SIZE,
+        &names,
+        random_u64(cfg.seed, 0xa09, 5),
+    );
+    let probe_path = out.join("induction_probe.jsonl");
+    chat_jsonl(&probe_path, &probe)?;
+    let curriculum = if cfg.model.curriculum_exercises > 0 && cfg.model.base.is_empty() {
+        status.phase("curriculum: copy and induction exercises");
+        let train_path = out.join("curriculum.jsonl");
+        let ex = crate::pipeline::curriculum::exercises(
+            cfg.model.curriculum_exercises,
+            &names,
+            random_u64(cfg.seed, 0xa09, 4),
+        );
+        chat_jsonl(&train_path, &ex)?;
+        let mut c = SftConfig {
+            model: initial.clone(),
+            data: train_path,
+            eval_data: Some(probe_path),
+            out: out.join("curriculum"),
+            epochs: 1,
+            batch_tokens: cfg.model.curriculum_batch_tokens,
+            max_len: cfg.model.curriculum_batch_tokens.min(512),
+            eval_every: 100,
+            save_every: 0,
+            keep_last: 1,
+            seed: cfg.seed,
+            ..SftConfig::default()
+        };
+        c.optim.lr = cfg.model.curriculum_lr;
+        Some(sft(be, &status, "curriculum", c, resume, stop)?)
+    } else {
+        None
+    };
+    let start = curriculum.clone().unwrap_or_else(|| initial.clone());
+
     // ---- warm-up ----
     status.phase("warm-up: causal language modelling on the training repositories");
     let warm_data = out.join("warmup.jsonl");
@@ -487,14 +554,14 @@ pub fn run_repro<B: Backend>(
         c
     };
     let warm = if cfg.model.warmup_epochs == 0 {
-        initial.clone()
+        start.clone()
     } else {
         sft(
             be,
             &status,
             "warm-up",
             sft_cfg(
-                &initial,
+                &start,
                 &warm_data,
                 "warmup",
                 cfg.model.warmup_epochs,
@@ -654,6 +721,7 @@ pub fn run_repro<B: Backend>(
     status.phase("evaluation: three checkpoints on the test repositories");
     let ctx = EvalCtx {
         cfg,
+        probe: &probe,
         test: &held,
         test_records: &held_records,
         dev_records: &dev_records,
@@ -744,6 +812,7 @@ fn stage2_exec(
 /// What evaluating a checkpoint needs.
 struct EvalCtx<'a> {
     cfg: &'a ReproConfig,
+    probe: &'a [Vec<Message>],
     test: &'a [Instance],
     test_records: &'a [SubtaskRecord],
     dev_records: &'a [SubtaskRecord],
@@ -794,6 +863,7 @@ fn evaluate_stage<B: Backend>(
     } else {
         None
     };
+    let induction_probe_loss = probe_loss(&model, &tok, ctx.probe)?;
     let dev_subtask_reward = if ctx.dev_records.is_empty() {
         BTreeMap::new()
     } else {
@@ -857,6 +927,7 @@ fn evaluate_stage<B: Backend>(
         };
     Ok(StageResult {
         stage: name.to_string(),
+        induction_probe_loss,
         mean_reward: mean(&free.means),
         subtask_reward: free.means,
         zero_reasons: free.zeros,
@@ -1102,6 +1173,12 @@ fn write_report(
         ));
     }
     md.push_str(&resolved_curve_section(out, &s.stages)?);
+    let probe: Vec<(String, f64)> = s
+        .stages
+        .iter()
+        .map(|r| (r.stage.clone(), r.induction_probe_loss))
+        .collect();
+    md.push_str(&crate::pipeline::curriculum::report_section(out, &probe)?);
     if s.stages
         .iter()
         .any(|r| !r.constrained_subtask_reward.is_empty())
@@ -1196,6 +1273,9 @@ fn write_report(
     for (k, v) in &s.seconds {
         md.push_str(&format!("- {k}: {v:.1}\n"));
     }
-    md.push_str("\nPlots: rl_reward.svg, rl_kl.svg, rl_entropy.svg, rl_response_length.svg, hit_rates.svg, subtask_rewards.svg. Metrics: metrics.jsonl. Configuration: config.toml.\n");
+    md.push_str(&format!(
+        "\nPlots: rl_reward.svg, rl_kl.svg, rl_entropy.svg, rl_response_length.svg, hit_rates.svg, subtask_rewards.svg{}. Metrics: metrics.jsonl. Configuration: config.toml.\n",
+        if out.join("induction.svg").exists() { ", induction.svg" } else { "" }
+    ));
     write_text(&out.join("report.md"), &md)
 }
