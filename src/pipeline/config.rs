@@ -66,8 +66,9 @@ pub struct ModelSection {
     pub warmup_batch_tokens: usize,
     /// Package-renamed copies of each warm-up document (see `pipeline::augment`).
     pub warmup_renames: usize,
-    /// Copy / induction exercises trained before the warm-up, one epoch (0: none; see
-    /// `pipeline::curriculum`). Only for a model created from scratch (`base` empty).
+    /// Copy / induction exercises trained after the warm-up, one epoch at a constant learning
+    /// rate (0: none; see `pipeline::curriculum`). Only for a model created from scratch
+    /// (`base` empty).
     pub curriculum_exercises: usize,
     /// Learning rate of the curriculum.
     pub curriculum_lr: f32,
@@ -84,8 +85,8 @@ impl Default for ModelSection {
             warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,
             warmup_renames: 1,
-            curriculum_exercises: 0,
-            curriculum_lr: 3e-3,
+            curriculum_exercises: 40_000,
+            curriculum_lr: 1e-3,
             curriculum_batch_tokens: 2048,
         }
     }
@@ -126,6 +127,9 @@ pub struct Stage1Config {
     pub curation: crate::rft::p2t::Curation,
     /// The flawed teacher and the P2T forward phase.
     pub p2t: crate::rft::p2t::P2tConfig,
+    /// Copy exercises mixed into the stage-1 data when a curriculum ran
+    /// (`model.curriculum_exercises`), so that fine-tuning keeps the copying it taught.
+    pub replay_exercises: usize,
 }
 
 impl Default for Stage1Config {
@@ -143,6 +147,7 @@ impl Default for Stage1Config {
             failforge: false,
             curation: crate::rft::p2t::Curation::default(),
             p2t: crate::rft::p2t::P2tConfig::default(),
+            replay_exercises: 400,
         }
     }
 }

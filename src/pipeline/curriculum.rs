@@ -97,6 +97,9 @@ fn is_name(s: &str) -> bool {
 pub enum Kind {
     /// Repeat a span of fresh names and dotted identifiers verbatim (pure induction).
     Repeat,
+    /// Repeat 12-26 distinct letters: every letter occurs once, so matching one token finds
+    /// the place to copy from (the easiest induction, learnt first; see notes/learn.md).
+    Letters,
     /// Find the file that defines a function in a listing (a look-up: the key is a function,
     /// the value a path under a fresh package), answered as function localization is.
     Lookup,
@@ -152,6 +155,17 @@ fn repeat_span(names: &Names, rng: &mut SplitMix, fresh: u64) -> Vec<Message> {
     chat(format!("Repeat exactly:\n{span}"), span)
 }
 
+fn letters(rng: &mut SplitMix) -> Vec<Message> {
+    let mut abc: Vec<u8> = (b'a'..=b'z').collect();
+    let n = 12 + rng.below(15) as usize;
+    for i in 0..n {
+        let j = i + rng.below((abc.len() - i) as u64) as usize;
+        abc.swap(i, j);
+    }
+    let span = String::from_utf8_lossy(&abc[..n]).into_owned();
+    chat(format!("Repeat exactly:\n{span}"), span)
+}
+
 fn lookup(names: &Names, rng: &mut SplitMix) -> Vec<Message> {
     let pkg = fresh_name(rng);
     let k = 3 + rng.below(4) as usize;
@@ -195,19 +209,22 @@ fn issue(names: &Names, rng: &mut SplitMix) -> Vec<Message> {
 pub fn exercise(kind: Kind, names: &Names, rng: &mut SplitMix) -> Vec<Message> {
     match kind {
         Kind::Repeat => repeat(names, rng),
+        Kind::Letters => letters(rng),
         Kind::Lookup => lookup(names, rng),
         Kind::Issue => issue(names, rng),
     }
 }
 
-/// `n` exercises drawn from `seed`: a quarter repeats, a quarter look-ups, half issues.
+/// `n` exercises drawn from `seed`: two fifths distinct letters (where induction is learnt
+/// first), a fifth each of name repeats, look-ups and issues.
 pub fn exercises(n: usize, names: &Names, seed: u64) -> Vec<Vec<Message>> {
     let mut rng = SplitMix::new(seed);
     (0..n)
         .map(|_| {
-            let kind = match rng.below(4) {
-                0 => Kind::Repeat,
-                1 => Kind::Lookup,
+            let kind = match rng.below(5) {
+                0 | 1 => Kind::Letters,
+                2 => Kind::Repeat,
+                3 => Kind::Lookup,
                 _ => Kind::Issue,
             };
             exercise(kind, names, &mut rng)
@@ -318,12 +335,18 @@ mod tests {
     fn answers_copy_a_name_that_only_the_prompt_holds() {
         let n = names();
         let mut rng = SplitMix::new(7);
-        for kind in [Kind::Repeat, Kind::Lookup, Kind::Issue] {
+        for kind in [Kind::Repeat, Kind::Letters, Kind::Lookup, Kind::Issue] {
             for _ in 0..50 {
                 let conv = exercise(kind, &n, &mut rng);
                 let (user, answer) = (&conv[0].content, &conv[1].content);
                 match kind {
                     Kind::Repeat => assert!(user.ends_with(answer.as_str())),
+                    Kind::Letters => {
+                        assert!(user.ends_with(answer.as_str()));
+                        let set: BTreeSet<char> = answer.chars().collect();
+                        assert_eq!(set.len(), answer.len(), "{answer}");
+                        assert!((12..=26).contains(&answer.len()));
+                    }
                     _ => {
                         // The path's package is fresh and appears in the prompt.
                         let path = answer.lines().nth(1).unwrap_or_default();
@@ -344,11 +367,12 @@ mod tests {
         let a = exercises(200, &n, 3);
         assert_eq!(a, exercises(200, &n, 3));
         assert_ne!(a, exercises(200, &n, 4));
+        // Letters and name repeats: three fifths.
         let repeats = a
             .iter()
             .filter(|c| c[0].content.starts_with("Repeat"))
             .count();
-        assert!((25..=75).contains(&repeats), "{repeats}");
+        assert!((95..=145).contains(&repeats), "{repeats}");
         // The probe holds fresh names only: no dotted identifier a model could memorise.
         assert!(induction_probe(20, &n, 9).iter().all(|c| {
             c[0].content.starts_with("Repeat exactly:") && !c[1].content.contains('.')

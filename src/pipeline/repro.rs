@@ -468,49 +468,6 @@ pub fn run_repro<B: Backend>(
         dir
     };
 
-    // ---- copy / induction curriculum ----
-    let names = crate::pipeline::curriculum::Names::from_code(
-        code_files
-            .iter()
-            .map(|(p, (_, t))| (p.as_str(), t.as_str())),
-    );
-    let probe = crate::pipeline::curriculum::induction_probe(
-        PROBE_SIZE,
-        &names,
-        random_u64(cfg.seed, 0xa09, 5),
-    );
-    let probe_path = out.join("induction_probe.jsonl");
-    chat_jsonl(&probe_path, &probe)?;
-    let curriculum = if cfg.model.curriculum_exercises > 0 && cfg.model.base.is_empty() {
-        status.phase("curriculum: copy and induction exercises");
-        let train_path = out.join("curriculum.jsonl");
-        let ex = crate::pipeline::curriculum::exercises(
-            cfg.model.curriculum_exercises,
-            &names,
-            random_u64(cfg.seed, 0xa09, 4),
-        );
-        chat_jsonl(&train_path, &ex)?;
-        let mut c = SftConfig {
-            model: initial.clone(),
-            data: train_path,
-            eval_data: Some(probe_path),
-            out: out.join("curriculum"),
-            epochs: 1,
-            batch_tokens: cfg.model.curriculum_batch_tokens,
-            max_len: cfg.model.curriculum_batch_tokens.min(512),
-            eval_every: 100,
-            save_every: 0,
-            keep_last: 1,
-            seed: cfg.seed,
-            ..SftConfig::default()
-        };
-        c.optim.lr = cfg.model.curriculum_lr;
-        Some(sft(be, &status, "curriculum", c, resume, stop)?)
-    } else {
-        None
-    };
-    let start = curriculum.clone().unwrap_or_else(|| initial.clone());
-
     // ---- warm-up ----
     status.phase("warm-up: causal language modelling on the training repositories");
     let warm_data = out.join("warmup.jsonl");
@@ -554,14 +511,14 @@ pub fn run_repro<B: Backend>(
         c
     };
     let warm = if cfg.model.warmup_epochs == 0 {
-        start.clone()
+        initial.clone()
     } else {
         sft(
             be,
             &status,
             "warm-up",
             sft_cfg(
-                &start,
+                &initial,
                 &warm_data,
                 "warmup",
                 cfg.model.warmup_epochs,
@@ -572,6 +529,55 @@ pub fn run_repro<B: Backend>(
             stop,
         )?
     };
+
+    // ---- copy / induction curriculum ----
+    let names = crate::pipeline::curriculum::Names::from_code(
+        code_files
+            .iter()
+            .map(|(p, (_, t))| (p.as_str(), t.as_str())),
+    );
+    let probe = crate::pipeline::curriculum::induction_probe(
+        PROBE_SIZE,
+        &names,
+        random_u64(cfg.seed, 0xa09, 5),
+    );
+    let probe_path = out.join("induction_probe.jsonl");
+    chat_jsonl(&probe_path, &probe)?;
+    let curriculum: Option<PathBuf> =
+        if cfg.model.curriculum_exercises > 0 && cfg.model.base.is_empty() {
+            status.phase("curriculum: copy and induction exercises");
+            let train_path = out.join("curriculum.jsonl");
+            let ex = crate::pipeline::curriculum::exercises(
+                cfg.model.curriculum_exercises,
+                &names,
+                random_u64(cfg.seed, 0xa09, 4),
+            );
+            chat_jsonl(&train_path, &ex)?;
+            let mut c = SftConfig {
+                model: warm.clone(),
+                data: train_path,
+                eval_data: Some(probe_path),
+                out: out.join("curriculum"),
+                epochs: 1,
+                batch_tokens: cfg.model.curriculum_batch_tokens,
+                max_len: cfg.model.curriculum_batch_tokens.min(512),
+                eval_every: 100,
+                save_every: 0,
+                keep_last: 1,
+                seed: cfg.seed,
+                ..SftConfig::default()
+            };
+            // A constant learning rate: a decaying one stalled before the copy loss's phase
+            // transition in every measured run (notes/learn.md).
+            c.optim.lr = cfg.model.curriculum_lr;
+            c.optim.min_lr_ratio = 1.0;
+            Some(sft(be, &status, "curriculum", c, resume, stop)?)
+        } else {
+            None
+        };
+
+    // The model stage 1 starts from (the "initial" row of the report).
+    let warm = curriculum.clone().unwrap_or(warm);
     seconds.insert("model+warmup".to_string(), t.elapsed().as_secs_f64());
 
     // ---- stage 1 ----
@@ -650,6 +656,15 @@ pub fn run_repro<B: Backend>(
             "{}",
             serde_json::json!({"stage": "stage1", "subtask": k, "sampled": a.sampled, "passed": a.passed, "failed_execution": a.failed_execution, "kept": a.kept})
         )?;
+    }
+    if curriculum.is_some() {
+        // Replay of the copy exercises, so that fine-tuning on a few hundred long examples does
+        // not wipe out copying (the warm-up did, when it came after the curriculum).
+        kept.extend(crate::pipeline::curriculum::exercises(
+            cfg.stage1.replay_exercises,
+            &names,
+            random_u64(cfg.seed, 0xa09, 6),
+        ));
     }
     let s1_data = out.join("stage1_sft.jsonl");
     chat_jsonl(&s1_data, &kept)?;
