@@ -66,7 +66,7 @@ pub struct ModelSection {
     pub warmup_batch_tokens: usize,
     /// Package-renamed copies of each warm-up document (see `pipeline::augment`).
     pub warmup_renames: usize,
-    /// Copy / induction exercises trained after the warm-up, one epoch at a constant learning
+    /// Copy / induction exercises trained before the warm-up, one epoch at a constant learning
     /// rate (0: none; see `pipeline::curriculum`). Only for a model created from scratch
     /// (`base` empty).
     pub curriculum_exercises: usize,
@@ -74,6 +74,9 @@ pub struct ModelSection {
     pub curriculum_lr: f32,
     /// Tokens per curriculum micro-batch.
     pub curriculum_batch_tokens: usize,
+    /// Copy exercises mixed into the warm-up's documents when a curriculum ran, so that the
+    /// warm-up keeps the copying it taught.
+    pub warmup_replay: usize,
 }
 
 impl Default for ModelSection {
@@ -88,6 +91,7 @@ impl Default for ModelSection {
             curriculum_exercises: 40_000,
             curriculum_lr: 1e-3,
             curriculum_batch_tokens: 2048,
+            warmup_replay: 2000,
         }
     }
 }

@@ -177,6 +177,20 @@ fn probe_loss<B: Backend>(
     Ok(crate::train::sft::eval_loss(model, None, &seqs, 2048, 256)?.0)
 }
 
+fn append_chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| path.display().to_string())?,
+    );
+    for c in convs {
+        writeln!(f, "{}", serde_json::json!({ "messages": c }))?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
 fn text_jsonl(path: &Path, docs: &[String]) -> anyhow::Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| path.display().to_string())?,
@@ -468,6 +482,52 @@ pub fn run_repro<B: Backend>(
         dir
     };
 
+    // ---- copy / induction curriculum ----
+    let names = crate::pipeline::curriculum::Names::from_code(
+        code_files
+            .iter()
+            .map(|(p, (_, t))| (p.as_str(), t.as_str())),
+    );
+    let probe = crate::pipeline::curriculum::induction_probe(
+        PROBE_SIZE,
+        &names,
+        random_u64(cfg.seed, 0xa09, 5),
+    );
+    let probe_path = out.join("induction_probe.jsonl");
+    chat_jsonl(&probe_path, &probe)?;
+    let curriculum: Option<PathBuf> =
+        if cfg.model.curriculum_exercises > 0 && cfg.model.base.is_empty() {
+            status.phase("curriculum: copy and induction exercises");
+            let train_path = out.join("curriculum.jsonl");
+            let ex = crate::pipeline::curriculum::exercises(
+                cfg.model.curriculum_exercises,
+                &names,
+                random_u64(cfg.seed, 0xa09, 4),
+            );
+            chat_jsonl(&train_path, &ex)?;
+            let mut c = SftConfig {
+                model: initial.clone(),
+                data: train_path,
+                eval_data: Some(probe_path),
+                out: out.join("curriculum"),
+                epochs: 1,
+                batch_tokens: cfg.model.curriculum_batch_tokens,
+                max_len: cfg.model.curriculum_batch_tokens.min(512),
+                eval_every: 100,
+                save_every: 0,
+                keep_last: 1,
+                seed: cfg.seed,
+                ..SftConfig::default()
+            };
+            // A constant learning rate: a decaying one stalled before the copy loss's phase
+            // transition in every measured run (notes/learn.md).
+            c.optim.lr = cfg.model.curriculum_lr;
+            c.optim.min_lr_ratio = 1.0;
+            Some(sft(be, &status, "curriculum", c, resume, stop)?)
+        } else {
+            None
+        };
+
     // ---- warm-up ----
     status.phase("warm-up: causal language modelling on the training repositories");
     let warm_data = out.join("warmup.jsonl");
@@ -493,6 +553,18 @@ pub fn run_repro<B: Backend>(
         }
     }
     text_jsonl(&warm_data, &docs)?;
+    if curriculum.is_some() {
+        // Replay of the copy exercises among the code, so that the warm-up keeps the copying
+        // the curriculum taught (without it the probe loss went from 2.3 to 5.6).
+        append_chat_jsonl(
+            &warm_data,
+            &crate::pipeline::curriculum::exercises(
+                cfg.model.warmup_replay,
+                &names,
+                random_u64(cfg.seed, 0xa09, 7),
+            ),
+        )?;
+    }
     let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32, batch: usize| {
         let mut c = SftConfig {
             model: model.to_path_buf(),
@@ -510,15 +582,16 @@ pub fn run_repro<B: Backend>(
         c.optim.lr = lr;
         c
     };
+    let start = curriculum.clone().unwrap_or_else(|| initial.clone());
     let warm = if cfg.model.warmup_epochs == 0 {
-        initial.clone()
+        start.clone()
     } else {
         sft(
             be,
             &status,
             "warm-up",
             sft_cfg(
-                &initial,
+                &start,
                 &warm_data,
                 "warmup",
                 cfg.model.warmup_epochs,
@@ -530,54 +603,6 @@ pub fn run_repro<B: Backend>(
         )?
     };
 
-    // ---- copy / induction curriculum ----
-    let names = crate::pipeline::curriculum::Names::from_code(
-        code_files
-            .iter()
-            .map(|(p, (_, t))| (p.as_str(), t.as_str())),
-    );
-    let probe = crate::pipeline::curriculum::induction_probe(
-        PROBE_SIZE,
-        &names,
-        random_u64(cfg.seed, 0xa09, 5),
-    );
-    let probe_path = out.join("induction_probe.jsonl");
-    chat_jsonl(&probe_path, &probe)?;
-    let curriculum: Option<PathBuf> =
-        if cfg.model.curriculum_exercises > 0 && cfg.model.base.is_empty() {
-            status.phase("curriculum: copy and induction exercises");
-            let train_path = out.join("curriculum.jsonl");
-            let ex = crate::pipeline::curriculum::exercises(
-                cfg.model.curriculum_exercises,
-                &names,
-                random_u64(cfg.seed, 0xa09, 4),
-            );
-            chat_jsonl(&train_path, &ex)?;
-            let mut c = SftConfig {
-                model: warm.clone(),
-                data: train_path,
-                eval_data: Some(probe_path),
-                out: out.join("curriculum"),
-                epochs: 1,
-                batch_tokens: cfg.model.curriculum_batch_tokens,
-                max_len: cfg.model.curriculum_batch_tokens.min(512),
-                eval_every: 100,
-                save_every: 0,
-                keep_last: 1,
-                seed: cfg.seed,
-                ..SftConfig::default()
-            };
-            // A constant learning rate: a decaying one stalled before the copy loss's phase
-            // transition in every measured run (notes/learn.md).
-            c.optim.lr = cfg.model.curriculum_lr;
-            c.optim.min_lr_ratio = 1.0;
-            Some(sft(be, &status, "curriculum", c, resume, stop)?)
-        } else {
-            None
-        };
-
-    // The model stage 1 starts from (the "initial" row of the report).
-    let warm = curriculum.clone().unwrap_or(warm);
     seconds.insert("model+warmup".to_string(), t.elapsed().as_secs_f64());
 
     // ---- stage 1 ----
