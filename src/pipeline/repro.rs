@@ -682,17 +682,20 @@ pub fn run_repro<B: Backend>(
             serde_json::json!({"stage": "stage1", "subtask": k, "sampled": a.sampled, "passed": a.passed, "failed_execution": a.failed_execution, "kept": a.kept})
         )?;
     }
-    if curriculum.is_some() {
-        // Replay of the copy exercises, so that fine-tuning on a few hundred long examples does
-        // not wipe out copying (the warm-up did, when it came after the curriculum).
+    // stage1_sft.jsonl holds the curated teacher examples only (FailForge re-draws and checks
+    // them); the SFT data adds the replayed copy exercises, so that fine-tuning on a few hundred
+    // long examples does not wipe out copying.
+    let mut s1_data = out.join("stage1_sft.jsonl");
+    chat_jsonl(&s1_data, &kept)?;
+    if curriculum.is_some() && cfg.stage1.replay_exercises > 0 {
         kept.extend(crate::pipeline::curriculum::exercises(
             cfg.stage1.replay_exercises,
             &names,
             random_u64(cfg.seed, 0xa09, 6),
         ));
+        s1_data = out.join("stage1_train.jsonl");
+        chat_jsonl(&s1_data, &kept)?;
     }
-    let s1_data = out.join("stage1_sft.jsonl");
-    chat_jsonl(&s1_data, &kept)?;
     let sft_dir = sft(
         be,
         &status,
