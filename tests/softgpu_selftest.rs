@@ -243,6 +243,10 @@ fn a_wrong_fragment_layout_in_an_emulation_fails_the_lane_test() {
 const SOFTGPU_REPRO: &[&str] = &[
     "--set",
     "model.warmup_epochs=0",
+    // The copy curriculum is another SFT phase on the same kernels as stage 1: off, as the
+    // warm-up is, to keep the software GPU's run short.
+    "--set",
+    "model.curriculum_exercises=0",
     // The historical import-only, single-file generator: its prompts fit max_len 640.
     "--set",
     "data.distractors=0",
