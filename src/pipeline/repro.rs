@@ -146,9 +146,19 @@ fn write_text(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 fn chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
-    let mut f = std::io::BufWriter::new(
-        std::fs::File::create(path).with_context(|| path.display().to_string())?,
-    );
+    write_chat_jsonl(path, convs, false)
+}
+
+/// Conversations as chat JSONL lines, appended to `path` or replacing it.
+fn write_chat_jsonl(path: &Path, convs: &[Vec<Message>], append: bool) -> anyhow::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .append(append)
+        .truncate(!append)
+        .open(path)
+        .with_context(|| path.display().to_string())?;
+    let mut f = std::io::BufWriter::new(file);
     for c in convs {
         writeln!(f, "{}", serde_json::json!({ "messages": c }))?;
     }
@@ -175,20 +185,6 @@ fn probe_loss<B: Backend>(
         .collect();
     let (seqs, _) = crate::train::data::encode_examples(tok, &examples, 512)?;
     Ok(crate::train::sft::eval_loss(model, None, &seqs, 2048, 256)?.0)
-}
-
-fn append_chat_jsonl(path: &Path, convs: &[Vec<Message>]) -> anyhow::Result<()> {
-    let mut f = std::io::BufWriter::new(
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .with_context(|| path.display().to_string())?,
-    );
-    for c in convs {
-        writeln!(f, "{}", serde_json::json!({ "messages": c }))?;
-    }
-    f.flush()?;
-    Ok(())
 }
 
 fn text_jsonl(path: &Path, docs: &[String]) -> anyhow::Result<()> {
@@ -482,6 +478,24 @@ pub fn run_repro<B: Backend>(
         dir
     };
 
+    let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32, batch: usize| {
+        let mut c = SftConfig {
+            model: model.to_path_buf(),
+            data: data.to_path_buf(),
+            out: out.join(dir),
+            epochs,
+            batch_tokens: batch,
+            max_len: cfg.stage1.max_len.min(batch),
+            eval_fraction: 0.05,
+            save_every: 0,
+            keep_last: 1,
+            seed: cfg.seed,
+            ..SftConfig::default()
+        };
+        c.optim.lr = lr;
+        c
+    };
+
     // ---- copy / induction curriculum ----
     let names = crate::pipeline::curriculum::Names::from_code(
         code_files
@@ -505,23 +519,19 @@ pub fn run_repro<B: Backend>(
                 random_u64(cfg.seed, 0xa09, 4),
             );
             chat_jsonl(&train_path, &ex)?;
-            let mut c = SftConfig {
-                model: initial.clone(),
-                data: train_path,
-                eval_data: Some(probe_path),
-                out: out.join("curriculum"),
-                epochs: 1,
-                batch_tokens: cfg.model.curriculum_batch_tokens,
-                max_len: cfg.model.curriculum_batch_tokens.min(512),
-                eval_every: 100,
-                save_every: 0,
-                keep_last: 1,
-                seed: cfg.seed,
-                ..SftConfig::default()
-            };
+            let mut c = sft_cfg(
+                &initial,
+                &train_path,
+                "curriculum",
+                1,
+                cfg.model.curriculum_lr,
+                cfg.model.curriculum_batch_tokens,
+            );
+            c.eval_data = Some(probe_path);
+            c.max_len = cfg.model.curriculum_batch_tokens.min(512);
+            c.eval_every = 100;
             // A constant learning rate: a decaying one stalled before the copy loss's phase
             // transition in every measured run (notes/learn.md).
-            c.optim.lr = cfg.model.curriculum_lr;
             c.optim.min_lr_ratio = 1.0;
             Some(sft(be, &status, "curriculum", c, resume, stop)?)
         } else {
@@ -556,32 +566,16 @@ pub fn run_repro<B: Backend>(
     if curriculum.is_some() {
         // Replay of the copy exercises among the code, so that the warm-up keeps the copying
         // the curriculum taught (without it the probe loss went from 2.3 to 5.6).
-        append_chat_jsonl(
+        write_chat_jsonl(
             &warm_data,
             &crate::pipeline::curriculum::exercises(
                 cfg.model.warmup_replay,
                 &names,
                 random_u64(cfg.seed, 0xa09, 7),
             ),
+            true,
         )?;
     }
-    let sft_cfg = |model: &Path, data: &Path, dir: &str, epochs: u64, lr: f32, batch: usize| {
-        let mut c = SftConfig {
-            model: model.to_path_buf(),
-            data: data.to_path_buf(),
-            out: out.join(dir),
-            epochs,
-            batch_tokens: batch,
-            max_len: cfg.stage1.max_len.min(batch),
-            eval_fraction: 0.05,
-            save_every: 0,
-            keep_last: 1,
-            seed: cfg.seed,
-            ..SftConfig::default()
-        };
-        c.optim.lr = lr;
-        c
-    };
     let start = curriculum.clone().unwrap_or_else(|| initial.clone());
     let warm = if cfg.model.warmup_epochs == 0 {
         start.clone()
