@@ -4,11 +4,17 @@
 use std::process::Command;
 
 fn run(out: &std::path::Path) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
-        .args(["repro", "--quick", "--seed", "3", "--out"])
-        .arg(out)
-        .output()
-        .unwrap();
+    run_with(out, &[])
+}
+
+fn run_with(out: &std::path::Path, sets: &[&str]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sorft"));
+    cmd.args(["repro", "--quick", "--seed", "3", "--out"])
+        .arg(out);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let o = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     std::fs::read_to_string(out.join("report.md")).unwrap()
@@ -84,4 +90,32 @@ fn quick_repro_writes_a_complete_report_deterministically() {
     let report_b = run(b.path());
     let cut = |r: &str| r.split("## Stage 2").next().unwrap_or("").to_string();
     assert_eq!(cut(&report), cut(&report_b));
+}
+
+#[test]
+fn a_stalled_curriculum_starts_again_from_a_new_initialisation() {
+    let a = tempfile::tempdir().unwrap();
+    // Every probe loss is above 0: attempt 1 stalls at step 1, attempt 2 (the last) is kept.
+    let report = run_with(
+        a.path(),
+        &[
+            "model.curriculum_patience=1",
+            "model.curriculum_stall_probe=0",
+            "model.curriculum_restarts=1",
+        ],
+    );
+    let text = std::fs::read_to_string(a.path().join("curriculum_attempts.json")).unwrap();
+    let attempts: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let attempts = attempts.as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{text}");
+    assert_eq!(attempts[0]["stalled"][0], 1, "{text}");
+    assert!(attempts[1]["stalled"].is_null(), "{text}");
+    assert_ne!(attempts[0]["seed"], attempts[1]["seed"]);
+    assert_eq!(attempts[1]["init"], "models/random-r1");
+    assert!(a.path().join("models/random-r1/model.safetensors").exists());
+    assert!(a
+        .path()
+        .join("curriculum-r1/final/model.safetensors")
+        .exists());
+    assert!(report.contains("Attempt 1 stalled"), "{report}");
 }

@@ -131,6 +131,66 @@ fn stopping_and_resuming_gives_bit_identical_weights() {
     assert_eq!(steps, (1..=a.total_steps).collect::<Vec<_>>());
 }
 
+fn eval_losses(out: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v["eval_loss"].as_f64()?)))
+        .collect()
+}
+
+#[test]
+fn an_eval_loss_under_the_limit_ends_the_run_early_and_resuming_ends_it_at_the_same_step() {
+    let root = setup(96);
+    let r = root.path();
+    let stop = AtomicBool::new(false);
+    let mut cfg = config(r, "full");
+    cfg.eval_every = 2;
+    let full = run_sft(&Cpu, &cfg, Resume::No, &stop, &mut quiet()).unwrap();
+    let evals = eval_losses(&cfg.out);
+    assert!(evals.len() >= 3, "{evals:?}");
+    // The limit: just above the first evaluation that beats every earlier one, before the end.
+    let (k, limit) = evals
+        .iter()
+        .enumerate()
+        .skip(1)
+        .find(|(i, (s, l))| *s < full.total_steps && evals[..*i].iter().all(|(_, e)| e > l))
+        .map(|(_, (s, l))| (*s, l + 1e-9))
+        .expect("held-out loss never improved");
+
+    let mut early = config(r, "early");
+    early.eval_every = 2;
+    early.stop_below_eval = Some(limit);
+    let a = run_sft(&Cpu, &early, Resume::No, &stop, &mut quiet()).unwrap();
+    assert_eq!(a.steps_done, k);
+    assert!(a.steps_done < a.total_steps);
+    assert!(!a.interrupted);
+    let final_a = weights_bytes(a.final_dir.as_ref().unwrap());
+    assert_ne!(final_a, weights_bytes(full.final_dir.as_ref().unwrap()));
+    // Resuming the finished run from its checkpoint stops at once with the same model.
+    let b = run_sft(
+        &Cpu,
+        &early,
+        Resume::Latest { fallback: false },
+        &stop,
+        &mut quiet(),
+    )
+    .unwrap();
+    assert_eq!(b.steps_done, k);
+    assert_eq!(final_a, weights_bytes(b.final_dir.as_ref().unwrap()));
+    // A limit never reached runs every step.
+    let mut never = config(r, "never");
+    never.eval_every = 2;
+    never.stop_below_eval = Some(0.0);
+    let c = run_sft(&Cpu, &never, Resume::No, &stop, &mut quiet()).unwrap();
+    assert_eq!(c.steps_done, full.total_steps);
+    assert_eq!(
+        weights_bytes(c.final_dir.as_ref().unwrap()),
+        weights_bytes(full.final_dir.as_ref().unwrap())
+    );
+}
+
 #[test]
 fn a_corrupt_checkpoint_is_refused_and_fallback_uses_the_previous_good_one() {
     let root = setup(64);

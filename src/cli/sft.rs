@@ -89,6 +89,9 @@ pub struct SftArgs {
     /// Stop after this many optimizer steps, saving a checkpoint (0 = run to the end).
     #[arg(long, default_value_t = 0)]
     pub max_steps: u64,
+    /// End early, exporting the final model, once an evaluation's loss falls under this.
+    #[arg(long)]
+    pub stop_below_eval: Option<f64>,
     /// Resume from the newest checkpoint in --out (a fresh run when there is none).
     #[arg(long)]
     pub resume: bool,
@@ -147,6 +150,7 @@ fn sft_on<B: Backend>(be: &B, dev: &DeviceInfo, a: SftArgs) -> Result<()> {
         recompute: a.recompute,
         chunk_rows: 256,
         max_steps: a.max_steps,
+        stop_below_eval: a.stop_below_eval,
     };
     let resume = match (&a.resume_from, a.resume) {
         (Some(d), _) => Resume::From(d.clone()),

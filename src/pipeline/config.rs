@@ -66,6 +66,11 @@ pub struct ModelSection {
     pub warmup_batch_tokens: usize,
     /// Package-renamed copies of each warm-up document (see `pipeline::augment`).
     pub warmup_renames: usize,
+    /// Training prompts whose text joins the new tokenizer's training corpus (with the
+    /// embedded English corpus and the training repositories' code).
+    pub tokenizer_prompts: usize,
+    /// Copy exercises whose text joins the new tokenizer's training corpus (0: none).
+    pub tokenizer_exercises: usize,
     /// Copy / induction exercises trained before the warm-up, one epoch at a constant learning
     /// rate (0: none; see `pipeline::curriculum`). Only for a model created from scratch
     /// (`base` empty).
@@ -74,6 +79,18 @@ pub struct ModelSection {
     pub curriculum_lr: f32,
     /// Tokens per curriculum micro-batch.
     pub curriculum_batch_tokens: usize,
+    /// The curriculum ends early once the induction probe's loss falls under this (checked
+    /// every 100 steps): the model copies, so the rest of its budget goes to the later stages.
+    /// 0: train every exercise.
+    pub curriculum_stop_probe: f64,
+    /// A curriculum whose probe loss is still above `curriculum_stall_probe` at step
+    /// `curriculum_patience` starts again from a new random initialisation, at most
+    /// `curriculum_restarts` times (see `pipeline::curriculum_run`; patience 0: never).
+    pub curriculum_patience: u64,
+    /// See `curriculum_patience`.
+    pub curriculum_stall_probe: f64,
+    /// See `curriculum_patience`.
+    pub curriculum_restarts: usize,
     /// Copy exercises mixed into the warm-up's documents when a curriculum ran, so that the
     /// warm-up keeps the copying it taught.
     pub warmup_replay: usize,
@@ -88,9 +105,15 @@ impl Default for ModelSection {
             warmup_lr: 3e-3,
             warmup_batch_tokens: 1024,
             warmup_renames: 1,
+            tokenizer_prompts: 64,
+            tokenizer_exercises: 0,
             curriculum_exercises: 40_000,
             curriculum_lr: 1e-3,
             curriculum_batch_tokens: 2048,
+            curriculum_stop_probe: 0.5,
+            curriculum_patience: 800,
+            curriculum_stall_probe: 2.5,
+            curriculum_restarts: 0,
             warmup_replay: 2000,
         }
     }

@@ -271,7 +271,36 @@ pub fn report_section(out: &Path, stages: &[(String, f64)]) -> anyhow::Result<St
     for (stage, loss) in stages {
         md.push_str(&format!("| {stage} | {loss:.3} |\n"));
     }
-    let series = probe_series(&out.join("curriculum").join("metrics.jsonl"));
+    let attempts = crate::pipeline::curriculum_run::read_attempts(out)?;
+    let dirs: Vec<(String, Option<(u64, f64)>)> = if attempts.is_empty() {
+        vec![("curriculum".to_string(), None)]
+    } else {
+        attempts
+            .iter()
+            .map(|a| (a.dir.clone(), a.stalled))
+            .collect()
+    };
+    for (k, (_, stall)) in dirs.iter().enumerate() {
+        if let Some((step, loss)) = stall {
+            md.push_str(&format!(
+                "\nAttempt {} stalled: probe loss {loss:.3} at step {step}, so the curriculum started again from a new random initialisation (`curriculum_attempts.json`).\n",
+                k + 1
+            ));
+        }
+    }
+    let lines: Vec<Series> = dirs
+        .iter()
+        .enumerate()
+        .map(|(k, (dir, _))| Series {
+            name: format!("attempt {}", k + 1),
+            points: probe_series(&out.join(dir).join("metrics.jsonl"))
+                .iter()
+                .map(|&(s, l)| (s as f64, l))
+                .collect(),
+        })
+        .collect();
+    let kept = dirs.last().map(|(d, _)| d.as_str()).unwrap_or("curriculum");
+    let series = probe_series(&out.join(kept).join("metrics.jsonl"));
     if !series.is_empty() {
         md.push_str(&match acquired_at(&series) {
             Some(step) => format!(
@@ -282,15 +311,11 @@ pub fn report_section(out: &Path, stages: &[(String, f64)]) -> anyhow::Result<St
                 series.last().map(|p| p.1).unwrap_or(f64::NAN)
             ),
         });
-        let points = series.iter().map(|&(s, l)| (s as f64, l)).collect();
         let chart = line_chart(
             "Curriculum: induction probe loss",
             "step",
             "loss (nats/token)",
-            &[Series {
-                name: "probe loss".into(),
-                points,
-            }],
+            &lines,
         );
         let path = out.join("induction.svg");
         std::fs::write(&path, chart).with_context(|| path.display().to_string())?;

@@ -4,6 +4,7 @@ pub mod augment;
 pub mod compare;
 pub mod config;
 pub mod curriculum;
+pub mod curriculum_run;
 pub mod export;
 pub mod failforge;
 pub mod p2t_stage1;

@@ -166,6 +166,14 @@ fn write_chat_jsonl(path: &Path, convs: &[Vec<Message>], append: bool) -> anyhow
     Ok(())
 }
 
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// Held-out repeat exercises in the induction probe.
 const PROBE_SIZE: usize = 64;
 
@@ -208,15 +216,29 @@ fn sft<B: Backend>(
     resume: bool,
     stop: &AtomicBool,
 ) -> anyhow::Result<PathBuf> {
+    let out = cfg.out.clone();
+    sft_until(be, status, label, cfg, resume, stop)?
+        .with_context(|| format!("{}: the run exported no model", out.display()))
+}
+
+/// [`sft`] that may stop at `cfg.max_steps` with a checkpoint: `None` then (the next call with
+/// `resume` continues from it).
+fn sft_until<B: Backend>(
+    be: &B,
+    status: &Status,
+    label: &str,
+    cfg: SftConfig,
+    resume: bool,
+    stop: &AtomicBool,
+) -> anyhow::Result<Option<PathBuf>> {
     let done = cfg.out.join("final");
     if resume && done.join("model.safetensors").exists() {
         status.detail(format!("{label}: reusing {}", done.display()));
-        return Ok(done);
+        return Ok(Some(done));
     }
     if !resume && cfg.out.exists() {
         std::fs::remove_dir_all(&cfg.out).with_context(|| cfg.out.display().to_string())?;
     }
-    let out = cfg.out.clone();
     let how = if resume {
         Resume::Latest { fallback: true }
     } else {
@@ -233,8 +255,75 @@ fn sft<B: Backend>(
     if res.interrupted {
         anyhow::bail!("{label} interrupted; run again with --resume to continue");
     }
-    res.final_dir
-        .with_context(|| format!("{}: the run exported no model", out.display()))
+    Ok(res.final_dir)
+}
+
+/// The curriculum's attempts for [`crate::pipeline::curriculum_run`]: attempt 0 starts from
+/// the run's own initialisation (seed = the run's seed), later ones from new ones.
+struct CurriculumAttempts<'a, B: Backend> {
+    be: &'a B,
+    status: &'a Status,
+    out: &'a Path,
+    preset: crate::model::init::Preset,
+    corpus: &'a [String],
+    /// Attempt 0's configuration (model, output, seed are replaced per attempt).
+    template: SftConfig,
+    resume: bool,
+    stop: &'a AtomicBool,
+    /// Attempts already started in this process (continue from their checkpoints).
+    started: BTreeSet<usize>,
+}
+
+impl<B: Backend> CurriculumAttempts<'_, B> {
+    fn seed(&self, k: usize) -> u64 {
+        if k == 0 {
+            self.template.seed
+        } else {
+            random_u64(self.template.seed, 0xa09, 100 + k as u64)
+        }
+    }
+}
+
+impl<B: Backend> crate::pipeline::curriculum_run::Trainer for CurriculumAttempts<'_, B> {
+    fn init(&mut self, k: usize) -> anyhow::Result<(PathBuf, u64)> {
+        let name = if k == 0 {
+            "random".to_string()
+        } else {
+            format!("random-r{k}")
+        };
+        let dir = self.out.join("models").join(name);
+        if k > 0 {
+            self.status.phase(&format!(
+                "curriculum: the probe stalled; attempt {} from a new initialisation",
+                k + 1
+            ));
+        }
+        init_model(self.preset, &dir, self.seed(k), self.corpus)?;
+        Ok((dir, self.seed(k)))
+    }
+
+    fn train(&mut self, k: usize, init: &Path, max_steps: u64) -> anyhow::Result<Option<PathBuf>> {
+        let mut c = self.template.clone();
+        c.model = init.to_path_buf();
+        c.out = self.dir(k);
+        c.seed = self.seed(k);
+        c.max_steps = max_steps;
+        let resume = self.resume || !self.started.insert(k);
+        sft_until(self.be, self.status, "curriculum", c, resume, self.stop)
+    }
+
+    fn probe(&self, k: usize) -> Vec<(u64, f64)> {
+        crate::pipeline::curriculum::probe_series(&self.dir(k).join("metrics.jsonl"))
+    }
+
+    fn dir(&self, k: usize) -> PathBuf {
+        let name = if k == 0 {
+            "curriculum".to_string()
+        } else {
+            format!("curriculum-r{k}")
+        };
+        self.out.join(name)
+    }
 }
 
 /// Greedy answers to ground-truth prompts, scored: mean reward per subtask.
@@ -463,9 +552,33 @@ pub fn run_repro<B: Backend>(
     // ---- model ----
     let t = Instant::now();
     status.phase("model: tokenizer and random initialisation");
+    let names = crate::pipeline::curriculum::Names::from_code(
+        code_files
+            .iter()
+            .map(|(p, (_, t))| (p.as_str(), t.as_str())),
+    );
     let mut corpus = vec![EMBEDDED_CORPUS.to_string()];
     corpus.extend(code_files.values().map(|(_, t)| t.clone()));
-    corpus.extend(train_items.iter().take(64).map(|i| i.record.prompt.clone()));
+    corpus.extend(
+        train_items
+            .iter()
+            .take(cfg.model.tokenizer_prompts)
+            .map(|i| i.record.prompt.clone()),
+    );
+    if cfg.model.tokenizer_exercises > 0 {
+        // Text of the copy exercises (fresh names, letter spans) in the tokenizer's corpus:
+        // without it the tokenizer cut fresh names into more single letters and the same
+        // weights stalled before acquiring copying (notes/learn.md, session 36).
+        corpus.extend(
+            crate::pipeline::curriculum::exercises(
+                cfg.model.tokenizer_exercises,
+                &names,
+                random_u64(cfg.seed, 0xa09, 9),
+            )
+            .iter()
+            .flat_map(|c| c.iter().map(|m| m.content.clone())),
+        );
+    }
     let initial = if cfg.model.base.is_empty() {
         let dir = out.join("models").join("random");
         init_model(cfg.model.preset, &dir, cfg.seed, &corpus)?;
@@ -497,11 +610,6 @@ pub fn run_repro<B: Backend>(
     };
 
     // ---- copy / induction curriculum ----
-    let names = crate::pipeline::curriculum::Names::from_code(
-        code_files
-            .iter()
-            .map(|(p, (_, t))| (p.as_str(), t.as_str())),
-    );
     let probe = crate::pipeline::curriculum::induction_probe(
         PROBE_SIZE,
         &names,
@@ -529,11 +637,39 @@ pub fn run_repro<B: Backend>(
             );
             c.eval_data = Some(probe_path);
             c.max_len = cfg.model.curriculum_batch_tokens.min(512);
-            c.eval_every = 100;
+            // Every 100 steps, and at the step where an attempt is judged.
+            c.eval_every = match cfg.model.curriculum_patience {
+                0 => 100,
+                p => gcd(100, p),
+            };
             // A constant learning rate: a decaying one stalled before the copy loss's phase
             // transition in every measured run (notes/learn.md).
             c.optim.min_lr_ratio = 1.0;
-            Some(sft(be, &status, "curriculum", c, resume, stop)?)
+            c.stop_below_eval =
+                (cfg.model.curriculum_stop_probe > 0.0).then_some(cfg.model.curriculum_stop_probe);
+            let policy = crate::pipeline::curriculum_run::RestartPolicy {
+                patience: cfg.model.curriculum_patience,
+                stall_probe: cfg.model.curriculum_stall_probe,
+                restarts: cfg.model.curriculum_restarts,
+            };
+            let mut attempts = CurriculumAttempts {
+                be,
+                status: &status,
+                out,
+                preset: cfg.model.preset,
+                corpus: &corpus,
+                template: c,
+                resume,
+                stop,
+                started: BTreeSet::new(),
+            };
+            let record = out.join(crate::pipeline::curriculum_run::ATTEMPTS_FILE);
+            if !resume && record.exists() {
+                std::fs::remove_file(&record).with_context(|| record.display().to_string())?;
+            }
+            let (model, _) =
+                crate::pipeline::curriculum_run::run_attempts(out, &policy, &mut attempts)?;
+            Some(model)
         } else {
             None
         };

@@ -77,6 +77,10 @@ pub struct SftConfig {
     pub chunk_rows: usize,
     /// Stop (with a checkpoint) after this optimizer step; 0 runs to the end.
     pub max_steps: u64,
+    /// End training early, exporting the final model, once an evaluation's loss falls under
+    /// this (a curriculum that has taught what it measures); `None`: run every step.
+    #[serde(default)]
+    pub stop_below_eval: Option<f64>,
 }
 
 impl Default for SftConfig {
@@ -110,6 +114,7 @@ impl Default for SftConfig {
             recompute: false,
             chunk_rows: 256,
             max_steps: 0,
+            stop_below_eval: None,
         }
     }
 }
@@ -661,7 +666,27 @@ pub fn run_sft<B: Backend>(
     let mut last_ckpt = None;
     let mut interrupted = false;
     let mut step = start_step;
-    while step < total_steps {
+    let mut stopped_early = false;
+    let eval_step = |s: u64| cfg.eval_every > 0 && s % cfg.eval_every == 0;
+    if let Some(limit) = cfg
+        .stop_below_eval
+        .filter(|_| start_step > 0 && !held.is_empty())
+    {
+        // A run resumed from the checkpoint its early stop saved ends here too, so that
+        // resuming gives the uninterrupted run's model.
+        if eval_step(start_step) {
+            let (l, _) = eval_loss(
+                &run.model,
+                run.lora.as_ref(),
+                &held,
+                cfg.batch_tokens,
+                fopts.chunk_rows,
+            )?;
+            eval_loss_last = Some(l);
+            stopped_early = l < limit;
+        }
+    }
+    while step < total_steps && !stopped_early {
         let t0 = Instant::now();
         let lo = step as usize * cfg.grad_accum;
         let hi = (lo + cfg.grad_accum).min(micro.len());
@@ -724,8 +749,8 @@ pub fn run_sft<B: Backend>(
             "peak_rss_mib": m.peak_rss_mib, "mem_mib": mem.to_json_mib(),
         }))?;
         on(SftEvent::Step(m));
-        let last = step == total_steps;
-        if !held.is_empty() && (last || (cfg.eval_every > 0 && step % cfg.eval_every == 0)) {
+        let mut last = step == total_steps;
+        if !held.is_empty() && (last || eval_step(step)) {
             let (l, n) = eval_loss(
                 &run.model,
                 run.lora.as_ref(),
@@ -736,6 +761,10 @@ pub fn run_sft<B: Backend>(
             log(json!({ "step": step, "eval_loss": l, "eval_tokens": n }))?;
             on(SftEvent::Eval { step, loss: l });
             eval_loss_last = Some(l);
+            if cfg.stop_below_eval.is_some_and(|limit| l < limit) {
+                log(json!({ "step": step, "stopped_below_eval": l }))?;
+                last = true;
+            }
         }
         let stop_now = stop.load(Ordering::SeqCst);
         let budget = cfg.max_steps > 0 && step >= cfg.max_steps;
@@ -753,7 +782,10 @@ pub fn run_sft<B: Backend>(
             });
             last_ckpt = Some(dir);
         }
-        if (stop_now || budget) && !last {
+        if last {
+            break;
+        }
+        if stop_now || budget {
             interrupted = stop_now;
             return Ok(SftOutcome {
                 steps_done: step,
