@@ -69,6 +69,8 @@ pub struct ModelSection {
     /// Training prompts whose text joins the new tokenizer's training corpus (with the
     /// embedded English corpus and the training repositories' code).
     pub tokenizer_prompts: usize,
+    /// Package-renamed copies of each code file in the new tokenizer's corpus (0: none).
+    pub tokenizer_renames: usize,
     /// Copy exercises whose text joins the new tokenizer's training corpus (0: none).
     pub tokenizer_exercises: usize,
     /// Copy / induction exercises trained before the warm-up, one epoch at a constant learning
@@ -106,6 +108,7 @@ impl Default for ModelSection {
             warmup_batch_tokens: 1024,
             warmup_renames: 1,
             tokenizer_prompts: 64,
+            tokenizer_renames: 0,
             tokenizer_exercises: 0,
             curriculum_exercises: 40_000,
             curriculum_lr: 1e-3,

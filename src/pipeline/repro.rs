@@ -565,6 +565,20 @@ pub fn run_repro<B: Backend>(
             .take(cfg.model.tokenizer_prompts)
             .map(|i| i.record.prompt.clone()),
     );
+    if cfg.model.tokenizer_renames > 0 {
+        // The code as the warm-up reads it: each file under a `# path` header, and
+        // package-renamed copies of it (fresh names in context).
+        let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 10));
+        for (p, (repo, text)) in &code_files {
+            let doc = format!("# {p}\n{text}");
+            if let Some(r) = Renamer::new(package_of(repo)) {
+                for _ in 0..cfg.model.tokenizer_renames {
+                    corpus.push(r.apply(&doc, &fresh_name(&mut rng)));
+                }
+            }
+            corpus.push(doc);
+        }
+    }
     if cfg.model.tokenizer_exercises > 0 {
         // Text of the copy exercises (fresh names, letter spans) in the tokenizer's corpus:
         // without it the tokenizer cut fresh names into more single letters and the same
