@@ -1,12 +1,12 @@
 //! Restarts of a stalled copy curriculum.
 //!
 //! Whether a small model acquires copying (the induction-head phase transition) within a
-//! budget can depend on its random initialisation; the stall measured in session 36 turned out
-//! to come from the tokenizer instead (the same weights crossed with another tokenizer, and
-//! two new initialisations with the stalling tokenizer stalled too; notes/learn.md), which
-//! `model.tokenizer_exercises` fixes. This is the safety net for the other cause: an attempt
-//! whose probe is still above `stall_probe` at step `patience` is abandoned and the curriculum
-//! starts again from a new initialisation; the report lists every attempt.
+//! budget can depend on its random initialisation. The stall measured in session 36 turned out
+//! to follow the tokenizer instead (the same weights crossed with another tokenizer, and two new
+//! initialisations with the stalling tokenizer stalled too; notes/learn.md), so restarts are
+//! off by default (`model.curriculum_restarts` = 0). When on, an attempt whose probe is still
+//! above `stall_probe` at step `patience` is abandoned and the curriculum starts again from a
+//! new initialisation; the report lists every attempt.
 
 use std::path::{Path, PathBuf};
 

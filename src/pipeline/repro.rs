@@ -566,8 +566,8 @@ pub fn run_repro<B: Backend>(
             .map(|i| i.record.prompt.clone()),
     );
     if cfg.model.tokenizer_renames > 0 {
-        // The code as the warm-up reads it: each file under a `# path` header, and
-        // package-renamed copies of it (fresh names in context).
+        // The code as the warm-up reads it (again): each file under a `# path` header, and
+        // package-renamed copies of it. Measured in session 36: no crossing either.
         let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 10));
         for (p, (repo, text)) in &code_files {
             let doc = format!("# {p}\n{text}");
@@ -580,9 +580,9 @@ pub fn run_repro<B: Backend>(
         }
     }
     if cfg.model.tokenizer_exercises > 0 {
-        // Text of the copy exercises (fresh names, letter spans) in the tokenizer's corpus:
-        // without it the tokenizer cut fresh names into more single letters and the same
-        // weights stalled before acquiring copying (notes/learn.md, session 36).
+        // Text of the copy exercises (fresh names, letter spans) in the tokenizer's corpus.
+        // Measured in session 36 (notes/learn.md): fewer single-letter pieces, but the
+        // curriculum still did not cross; kept for these experiments.
         corpus.extend(
             crate::pipeline::curriculum::exercises(
                 cfg.model.tokenizer_exercises,
