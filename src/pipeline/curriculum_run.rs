@@ -2,8 +2,8 @@
 //!
 //! Whether a small model acquires copying (the induction-head phase transition) within a
 //! budget can depend on its random initialisation. The stall measured in session 36 turned out
-//! to follow the tokenizer instead (the same weights crossed with another tokenizer, and two new
-//! initialisations with the stalling tokenizer stalled too; notes/learn.md), so restarts are
+//! to follow the tokenizer instead (the same weights crossed with another tokenizer, and a new
+//! initialisation with the stalling tokenizer stalled too; notes/learn.md), so restarts are
 //! off by default (`model.curriculum_restarts` = 0). When on, an attempt whose probe is still
 //! above `stall_probe` at step `patience` is abandoned and the curriculum starts again from a
 //! new initialisation; the report lists every attempt.
