@@ -668,6 +668,15 @@ pub fn run_sft<B: Backend>(
     let mut step = start_step;
     let mut stopped_early = false;
     let eval_step = |s: u64| cfg.eval_every > 0 && s % cfg.eval_every == 0;
+    let held_out = |run: &Run<B>| {
+        eval_loss(
+            &run.model,
+            run.lora.as_ref(),
+            &held,
+            cfg.batch_tokens,
+            fopts.chunk_rows,
+        )
+    };
     if let Some(limit) = cfg
         .stop_below_eval
         .filter(|_| start_step > 0 && !held.is_empty())
@@ -675,13 +684,7 @@ pub fn run_sft<B: Backend>(
         // A run resumed from the checkpoint its early stop saved ends here too, so that
         // resuming gives the uninterrupted run's model.
         if eval_step(start_step) {
-            let (l, _) = eval_loss(
-                &run.model,
-                run.lora.as_ref(),
-                &held,
-                cfg.batch_tokens,
-                fopts.chunk_rows,
-            )?;
+            let (l, _) = held_out(&run)?;
             eval_loss_last = Some(l);
             stopped_early = l < limit;
         }
@@ -751,13 +754,7 @@ pub fn run_sft<B: Backend>(
         on(SftEvent::Step(m));
         let mut last = step == total_steps;
         if !held.is_empty() && (last || eval_step(step)) {
-            let (l, n) = eval_loss(
-                &run.model,
-                run.lora.as_ref(),
-                &held,
-                cfg.batch_tokens,
-                fopts.chunk_rows,
-            )?;
+            let (l, n) = held_out(&run)?;
             log(json!({ "step": step, "eval_loss": l, "eval_tokens": n }))?;
             on(SftEvent::Eval { step, loss: l });
             eval_loss_last = Some(l);
