@@ -35,7 +35,8 @@ pub struct ReproArgs {
     #[arg(long, value_delimiter = ',', conflicts_with = "seed")]
     pub seeds: Vec<u64>,
     /// Continue an interrupted run in --out: finished phases are reused, unfinished ones resume
-    /// from their checkpoints (the configuration must be the same).
+    /// from their checkpoints (the configuration must be the same); with `--seeds`, a seed whose
+    /// run finished is not run again.
     #[arg(long)]
     pub resume: bool,
     /// Print the effective configuration (and the device it resolves to) and exit.
@@ -133,6 +134,13 @@ fn run_seeds(a: ReproArgs, cfg: ReproConfig) -> Result<()> {
         let mut c = cfg.clone();
         c.seed = seed;
         let out = a.out.join(format!("seed-{seed}"));
+        if a.resume {
+            if let Some(deltas) = sorft::pipeline::compare::finished_deltas(&out, &c.to_toml()) {
+                eprintln!("repro: seed {seed} finished in {} (reused)", out.display());
+                runs.push((seed, deltas));
+                continue;
+            }
+        }
         eprintln!("repro: seed {seed} into {}", out.display());
         let picked = pick(c.device, c.dtype.dtype())?;
         let args = ReproArgs {

@@ -4,6 +4,7 @@
 //! rates ([`crate::rft::stats::mcnemar`]), and the mean ± std of each delta over seeds.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -62,7 +63,7 @@ pub fn clusters(recs: &[SubtaskRecord], scores: &[f64]) -> Vec<Vec<f64>> {
 }
 
 /// One stage-to-stage difference of one metric.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Delta {
     /// What is compared, e.g. `subtask reward (free, greedy)` or `hit: file`.
     pub metric: String,
@@ -187,6 +188,29 @@ pub fn delta_section(deltas: &[Delta]) -> String {
     md
 }
 
+/// The deltas of a finished run in `out` (its `report.md` written, its `config.toml` equal to
+/// `config_toml`), read from the `"stage": "delta"` lines of its `metrics.jsonl`; `None` when the
+/// run is not finished, ran another configuration, or its deltas cannot be read (then it runs
+/// again). Lets `repro --seeds ... --resume` skip seeds that already finished.
+pub fn finished_deltas(out: &Path, config_toml: &str) -> Option<Vec<Delta>> {
+    if !out.join("report.md").is_file() {
+        return None;
+    }
+    let cfg = std::fs::read_to_string(out.join("config.toml")).ok()?;
+    if cfg != config_toml {
+        return None;
+    }
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).ok()?;
+    let mut deltas = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        if v.get("stage").and_then(|s| s.as_str()) == Some("delta") {
+            deltas.push(serde_json::from_value(v).ok()?);
+        }
+    }
+    (!deltas.is_empty()).then_some(deltas)
+}
+
 /// Mean ± std of each delta over seeds (in the order of the first seed's deltas), with how many
 /// seeds agree in sign with the mean.
 pub fn seeds_section(runs: &[(u64, Vec<Delta>)]) -> String {
@@ -233,6 +257,40 @@ mod tests {
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("repo{i:02}")).collect()
+    }
+
+    #[test]
+    fn finished_deltas_are_read_only_from_a_finished_run_of_the_same_configuration() {
+        let dir = std::env::temp_dir().join(format!("sorft-seeds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = Delta {
+            metric: "subtask reward (free, greedy)".into(),
+            from: "initial".into(),
+            to: "sft".into(),
+            interval: Interval {
+                estimate: 0.25,
+                lo: 0.1,
+                hi: 0.4,
+            },
+            mcnemar: None,
+        };
+        let mut line = serde_json::to_value(&d).unwrap();
+        line["stage"] = "delta".into();
+        let metrics = format!("{{\"stage\":\"eval:sft\",\"x\":1}}\n{line}\n");
+        std::fs::write(dir.join("metrics.jsonl"), &metrics).unwrap();
+        std::fs::write(dir.join("config.toml"), "seed = 1\n").unwrap();
+        // No report yet: the run did not finish.
+        assert!(finished_deltas(&dir, "seed = 1\n").is_none());
+        std::fs::write(dir.join("report.md"), "# report\n").unwrap();
+        let got = finished_deltas(&dir, "seed = 1\n").unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].key(), d.key());
+        assert_eq!(got[0].interval, d.interval);
+        // Another configuration, or a malformed line: run again.
+        assert!(finished_deltas(&dir, "seed = 2\n").is_none());
+        std::fs::write(dir.join("metrics.jsonl"), format!("{metrics}not json\n")).unwrap();
+        assert!(finished_deltas(&dir, "seed = 1\n").is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -86,6 +86,47 @@ impl Names {
     }
 }
 
+impl Names {
+    /// `modules` and `functions` invented snake_case words (one or two parts of 3-7 random
+    /// letters each), fixed by `seed` and distinct. A tokenizer trained on the repositories has
+    /// no single token for them, so an answer copies several tokens from the prompt: with the
+    /// repositories' own names (one token each) the default run's curriculum stalled before the
+    /// copy phase transition, with invented ones it crossed (notes/learn.md, session 37).
+    pub fn invented(modules: usize, functions: usize, seed: u64) -> Self {
+        let mut rng = SplitMix::new(seed);
+        let mut seen = BTreeSet::new();
+        let mut draw = |n: usize| -> Vec<String> {
+            let mut v = Vec::with_capacity(n);
+            while v.len() < n {
+                let parts = 1 + rng.below(2) as usize;
+                let word: Vec<String> = (0..parts)
+                    .map(|_| {
+                        let len = 3 + rng.below(5) as usize;
+                        (0..len)
+                            .map(|_| char::from(b'a' + rng.below(26) as u8))
+                            .collect()
+                    })
+                    .collect();
+                let word = word.join("_");
+                if seen.insert(word.clone()) {
+                    v.push(word);
+                }
+            }
+            v
+        };
+        let modules = draw(modules.max(1));
+        let functions = draw(functions.max(1));
+        Self { modules, functions }
+    }
+}
+
+impl Names {
+    /// How many module and function names there are.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.modules.len(), self.functions.len())
+    }
+}
+
 fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -354,6 +395,23 @@ mod tests {
             .any(|f| f.starts_with("__") || f.starts_with("test")));
         // Topped up with fallbacks so that a listing has several entries.
         assert!(n.modules.len() >= MODULES.len() && n.functions.len() >= FUNCTIONS.len());
+    }
+
+    #[test]
+    fn invented_names_are_distinct_identifiers_fixed_by_the_seed() {
+        let a = Names::invented(40, 60, 5);
+        assert_eq!(a.modules, Names::invented(40, 60, 5).modules);
+        assert_ne!(a.functions, Names::invented(40, 60, 6).functions);
+        assert_eq!((a.modules.len(), a.functions.len()), (40, 60));
+        let all: BTreeSet<&String> = a.modules.iter().chain(&a.functions).collect();
+        assert_eq!(all.len(), 100, "names repeat");
+        assert!(all.iter().all(|n| is_name(n) && n.len() >= 3), "{all:?}");
+        // Exercises built from them still copy a name only the prompt holds.
+        let conv = exercise(Kind::Lookup, &a, &mut SplitMix::new(1));
+        assert!(a
+            .functions
+            .iter()
+            .any(|f| conv[1].content.contains(f.as_str())));
     }
 
     #[test]

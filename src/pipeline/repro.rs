@@ -552,11 +552,19 @@ pub fn run_repro<B: Backend>(
     // ---- model ----
     let t = Instant::now();
     status.phase("model: tokenizer and random initialisation");
-    let names = crate::pipeline::curriculum::Names::from_code(
+    // The repositories' names (the replays in the warm-up and stage 1 use them, so that the
+    // model also copies the one-token names the real tasks name) and the curriculum's.
+    let code_names = crate::pipeline::curriculum::Names::from_code(
         code_files
             .iter()
             .map(|(p, (_, t))| (p.as_str(), t.as_str())),
     );
+    let names = if cfg.model.curriculum_invented_names {
+        let (m, f) = code_names.counts();
+        crate::pipeline::curriculum::Names::invented(m, f, random_u64(cfg.seed, 0xa09, 11))
+    } else {
+        code_names.clone()
+    };
     let mut corpus = vec![EMBEDDED_CORPUS.to_string()];
     corpus.extend(code_files.values().map(|(_, t)| t.clone()));
     corpus.extend(
@@ -720,7 +728,7 @@ pub fn run_repro<B: Backend>(
             &warm_data,
             &crate::pipeline::curriculum::exercises(
                 cfg.model.warmup_replay,
-                &names,
+                &code_names,
                 random_u64(cfg.seed, 0xa09, 7),
             ),
             true,
@@ -834,7 +842,7 @@ pub fn run_repro<B: Backend>(
     if curriculum.is_some() && cfg.stage1.replay_exercises > 0 {
         kept.extend(crate::pipeline::curriculum::exercises(
             cfg.stage1.replay_exercises,
-            &names,
+            &code_names,
             random_u64(cfg.seed, 0xa09, 6),
         ));
         s1_data = out.join("stage1_train.jsonl");

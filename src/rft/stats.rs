@@ -21,7 +21,7 @@ pub enum StatsError {
 }
 
 /// A point estimate with a two-sided confidence interval.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Interval {
     /// The estimate on the full sample.
     pub estimate: f64,
@@ -128,7 +128,7 @@ pub fn paired_cluster_bootstrap(
 }
 
 /// McNemar's exact test on paired binary outcomes (e.g. a hit per instance, before and after).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct McNemar {
     /// Instances the first model got right and the second wrong.
     pub lost: usize,
