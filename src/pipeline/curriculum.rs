@@ -84,9 +84,7 @@ impl Names {
             functions: fill(functions, &FUNCTIONS),
         }
     }
-}
 
-impl Names {
     /// `modules` and `functions` invented snake_case words (one or two parts of 3-7 random
     /// letters each), fixed by `seed` and distinct. A tokenizer trained on the repositories has
     /// no single token for them, so an answer copies several tokens from the prompt: with the
@@ -118,9 +116,7 @@ impl Names {
         let functions = draw(functions.max(1));
         Self { modules, functions }
     }
-}
 
-impl Names {
     /// How many module and function names there are.
     pub fn counts(&self) -> (usize, usize) {
         (self.modules.len(), self.functions.len())
