@@ -90,6 +90,17 @@ fn quick_repro_writes_a_complete_report_deterministically() {
     let report_b = run(b.path());
     let cut = |r: &str| r.split("## Stage 2").next().unwrap_or("").to_string();
     assert_eq!(cut(&report), cut(&report_b));
+    // The two runs side by side (`sorft compare`): paired on the same instances, identical.
+    let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
+        .arg("compare")
+        .args([a.path(), b.path()])
+        .args(["--stage", "sft+rl"])
+        .output()
+        .unwrap();
+    let md = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(md.contains("No delta is significant"), "{md}");
+    assert!(md.contains("| subtask reward (free, greedy) |"), "{md}");
 }
 
 #[test]

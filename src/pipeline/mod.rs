@@ -11,3 +11,4 @@ pub mod p2t_stage1;
 pub mod plot;
 pub mod repro;
 pub mod reward_service;
+pub mod scores;

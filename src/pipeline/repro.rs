@@ -22,11 +22,10 @@ use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::init::{init_model, EMBEDDED_CORPUS};
 use crate::model::{load_dir, Model, Tokenizer};
 use crate::pipeline::augment::{fresh_name, package_of, Renamer};
-use crate::pipeline::compare::{
-    binary_deltas, cluster_deltas, clusters, delta_section, split_repos, Delta,
-};
+use crate::pipeline::compare::{clusters, delta_section, split_repos, Delta};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
+use crate::pipeline::scores::{scores_deltas, SavedScores, StageScores};
 use crate::rft::accept::{execution_passes, EditAcceptance};
 use crate::rft::eval::{evaluate_with, EvalSummary, ModelAnswerer};
 use crate::rft::regression::RegressionSuites;
@@ -73,20 +72,6 @@ pub struct StageResult {
     /// Per-instance scores behind the means, for the paired comparisons.
     #[serde(skip)]
     pub scores: StageScores,
-}
-
-/// Per-instance scores of one checkpoint on the test split.
-#[derive(Clone, Debug, Default)]
-pub struct StageScores {
-    /// Subtask rewards, free greedy decoding, one cluster per instance.
-    pub free: Vec<Vec<f64>>,
-    /// Subtask rewards, constrained greedy decoding (when measured).
-    pub constrained: Option<Vec<Vec<f64>>>,
-    /// Sampled subtask rewards (when measured).
-    pub sampled: Option<Vec<Vec<f64>>>,
-    /// Agentless pipeline outcomes per instance: `file`, `function`, `line`, `edit` hits and
-    /// `resolved`.
-    pub hits: BTreeMap<String, Vec<bool>>,
 }
 
 /// What a run produced.
@@ -933,7 +918,11 @@ pub fn run_repro<B: Backend>(
         stages.push(r);
     }
     seconds.insert("eval".to_string(), t.elapsed().as_secs_f64());
-    let deltas = stage_deltas(&stages, cfg.seed);
+    let named: Vec<(&str, &StageScores)> = stages
+        .iter()
+        .map(|s| (s.stage.as_str(), &s.scores))
+        .collect();
+    let deltas = scores_deltas(&named, cfg.seed);
     for d in &deltas {
         let mut v = serde_json::to_value(d)?;
         v["stage"] = "delta".into();
@@ -1120,6 +1109,27 @@ fn evaluate_stage<B: Backend>(
             Some(c) => (c.means, c.zeros, Some(c.clusters)),
             None => (BTreeMap::new(), BTreeMap::new(), None),
         };
+    let scores = StageScores {
+        free: free.clusters,
+        constrained: constrained_clusters,
+        sampled: sampled_clusters,
+        hits,
+        answer_chars: outcomes
+            .iter()
+            .map(|o| o.answers.values().map(String::len).sum::<usize>() as f64)
+            .collect(),
+    };
+    let (cluster_instances, cluster_sizes) = cluster_ids(ctx.test_records);
+    crate::pipeline::scores::save(
+        ctx.out,
+        &SavedScores {
+            stage: name.to_string(),
+            cluster_instances,
+            cluster_sizes,
+            pipeline_instances: outcomes.iter().map(|o| o.instance_id.clone()).collect(),
+            scores: scores.clone(),
+        },
+    )?;
     Ok(StageResult {
         stage: name.to_string(),
         induction_probe_loss,
@@ -1132,59 +1142,23 @@ fn evaluate_stage<B: Backend>(
         sampled_subtask_reward,
         dev_subtask_reward,
         pipeline,
-        scores: StageScores {
-            free: free.clusters,
-            constrained: constrained_clusters,
-            sampled: sampled_clusters,
-            hits,
-        },
+        scores,
     })
 }
 
-/// Every stage-to-stage delta on the test split: subtask rewards (free greedy first, the primary
-/// metric; constrained; sampled) with paired cluster bootstrap intervals, then the Agentless
-/// pipeline's hit rates and %Resolved with McNemar's test.
-fn stage_deltas(stages: &[StageResult], seed: u64) -> Vec<Delta> {
-    let seed = random_u64(seed, 0xb007, 0);
-    let mut out = Vec::new();
-    let metric = |f: &dyn Fn(&StageScores) -> Option<&Vec<Vec<f64>>>| -> Vec<(&str, Option<&Vec<Vec<f64>>>)> {
-        stages
-            .iter()
-            .map(|s| (s.stage.as_str(), f(&s.scores)))
-            .collect()
-    };
-    out.extend(cluster_deltas(
-        "subtask reward (free, greedy)",
-        &metric(&|s| Some(&s.free)),
-        seed,
-    ));
-    out.extend(cluster_deltas(
-        "subtask reward (constrained, greedy)",
-        &metric(&|s| s.constrained.as_ref()),
-        seed,
-    ));
-    out.extend(cluster_deltas(
-        "subtask reward (sampled)",
-        &metric(&|s| s.sampled.as_ref()),
-        seed,
-    ));
-    let mut keys: Vec<String> = Subtask::ALL.iter().map(|s| s.name().to_string()).collect();
-    keys.push("resolved".to_string());
-    for k in keys {
-        let per: Option<Vec<(&str, &Vec<bool>)>> = stages
-            .iter()
-            .map(|s| s.scores.hits.get(&k).map(|h| (s.stage.as_str(), h)))
-            .collect();
-        if let Some(per) = per {
-            let name = if k == "resolved" {
-                "pipeline %Resolved".to_string()
-            } else {
-                format!("pipeline {k} hit")
-            };
-            out.extend(binary_deltas(&name, &per, seed));
+/// The instance of each cluster [`clusters`] makes of `recs`, and the cluster's size.
+fn cluster_ids(recs: &[SubtaskRecord]) -> (Vec<String>, Vec<usize>) {
+    let mut ids: Vec<String> = Vec::new();
+    let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in recs {
+        let id = r.instance_id.as_str();
+        if !sizes.contains_key(id) {
+            ids.push(id.to_string());
         }
+        *sizes.entry(id).or_default() += 1;
     }
-    out
+    let n = ids.iter().map(|id| sizes[id.as_str()]).collect();
+    (ids, n)
 }
 
 /// The table of %Resolved against edit samples (and resolved_curve.svg); empty without tests.
