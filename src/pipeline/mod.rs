@@ -5,6 +5,7 @@ pub mod compare;
 pub mod config;
 pub mod curriculum;
 pub mod curriculum_run;
+pub mod eval_cache;
 pub mod export;
 pub mod failforge;
 pub mod p2t_stage1;

@@ -42,7 +42,7 @@ use crate::swe::truth::ground_truth;
 use crate::train::sft::{run_sft, Resume, SftConfig, SftEvent};
 
 /// Results of one evaluated checkpoint.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct StageResult {
     /// `initial`, `sft` or `sft+rl`.
     pub stage: String,
@@ -911,7 +911,7 @@ pub fn run_repro<B: Backend>(
     };
     let mut stages = Vec::new();
     for (name, dir) in [("initial", &warm), ("sft", &sft_dir), ("sft+rl", &rl_dir)] {
-        let r = evaluate_stage(be, &ctx, name, dir)?;
+        let r = evaluate_cached(be, &ctx, name, dir, resume)?;
         let mut v = serde_json::to_value(&r)?;
         v["stage"] = format!("eval:{name}").into();
         writeln!(metrics, "{v}")?;
@@ -1003,6 +1003,41 @@ struct EvalCtx<'a> {
     repos: &'a Path,
     out: &'a Path,
     status: &'a Status,
+}
+
+/// [`evaluate_stage`], or with `resume` the saved evaluation of the same checkpoint and settings
+/// (`pipeline::eval_cache`).
+fn evaluate_cached<B: Backend>(
+    be: &B,
+    ctx: &EvalCtx<'_>,
+    name: &str,
+    dir: &Path,
+    resume: bool,
+) -> anyhow::Result<StageResult> {
+    let cfg = ctx.cfg;
+    let settings = (
+        cfg.seed,
+        &cfg.device,
+        &cfg.dtype,
+        &cfg.data,
+        &cfg.model,
+        &cfg.eval,
+    );
+    let fp = crate::pipeline::eval_cache::fingerprint(dir, &settings)?;
+    if resume {
+        let cached = crate::pipeline::eval_cache::load::<StageResult>(ctx.out, name, &fp);
+        let scores = crate::pipeline::scores::load(ctx.out, name).ok();
+        if let (Some(mut r), Some(s)) = (cached, scores) {
+            ctx.status.detail(format!(
+                "evaluation: {name}: reused (same checkpoint and settings)"
+            ));
+            r.scores = s.scores;
+            return Ok(r);
+        }
+    }
+    let r = evaluate_stage(be, ctx, name, dir)?;
+    crate::pipeline::eval_cache::store(ctx.out, name, &fp, &r)?;
+    Ok(r)
 }
 
 /// One checkpoint on the test split: subtask rewards (free greedy, constrained greedy, sampled),
