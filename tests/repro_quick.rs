@@ -37,6 +37,8 @@ fn quick_repro_writes_a_complete_report_deterministically() {
         "| pipeline %Resolved | sft -> sft+rl |",
         "at the 5% level",
         "Dev split",
+        "Dev split (constrained, greedy)",
+        "Dev split (sampled as in stage 2)",
         "edit hit@n",
         "failed execution",
     ] {

@@ -64,6 +64,12 @@ pub struct StageResult {
     pub sampled_mean_reward: f64,
     /// Mean reward per subtask on the dev split (free, greedy): the numbers to tune on.
     pub dev_subtask_reward: BTreeMap<String, f64>,
+    /// The same, constrained greedy decoding (empty when `eval.constrain` is off).
+    #[serde(default)]
+    pub dev_constrained_subtask_reward: BTreeMap<String, f64>,
+    /// The same, sampled as in stage 2 (empty when `eval.reward_samples` is 0).
+    #[serde(default)]
+    pub dev_sampled_subtask_reward: BTreeMap<String, f64>,
     /// Loss on the second copy of held-out random spans (`pipeline::curriculum`'s induction
     /// probe): under ~1 the model copies from its context, ~3 it guesses.
     pub induction_probe_loss: f64,
@@ -1005,6 +1011,42 @@ struct EvalCtx<'a> {
     status: &'a Status,
 }
 
+/// Mean subtask rewards on the dev split: free greedy, constrained greedy and sampled (the
+/// latter two empty when not measured; all three empty without a dev split).
+type DevRewards = (
+    BTreeMap<String, f64>,
+    BTreeMap<String, f64>,
+    BTreeMap<String, f64>,
+);
+
+/// [`DevRewards`] of one checkpoint.
+fn dev_rewards<B: Backend>(
+    model: &Model<B>,
+    tok: &Tokenizer,
+    ctx: &EvalCtx<'_>,
+    name: &str,
+) -> anyhow::Result<DevRewards> {
+    let (cfg, recs) = (ctx.cfg, ctx.dev_records);
+    if recs.is_empty() {
+        return Ok(Default::default());
+    }
+    ctx.status
+        .detail(format!("evaluation: {name}: dev subtask rewards"));
+    let free = subtask_rewards(model, tok, recs, cfg, false, 0)?.means;
+    let constrained = if cfg.eval.constrain {
+        subtask_rewards(model, tok, recs, cfg, true, 0)?.means
+    } else {
+        BTreeMap::new()
+    };
+    let sampled = if cfg.eval.reward_samples > 0 {
+        let k = cfg.eval.reward_samples;
+        subtask_rewards(model, tok, recs, cfg, cfg.eval.constrain, k)?.means
+    } else {
+        BTreeMap::new()
+    };
+    Ok((free, constrained, sampled))
+}
+
 /// [`evaluate_stage`], or with `resume` the saved evaluation of the same checkpoint and settings
 /// (`pipeline::eval_cache`).
 fn evaluate_cached<B: Backend>(
@@ -1015,7 +1057,9 @@ fn evaluate_cached<B: Backend>(
     resume: bool,
 ) -> anyhow::Result<StageResult> {
     let cfg = ctx.cfg;
+    // The first element names what an evaluation measures; raise it when that changes.
     let settings = (
+        "eval-2",
         cfg.seed,
         &cfg.device,
         &cfg.dtype,
@@ -1083,12 +1127,8 @@ fn evaluate_stage<B: Backend>(
         None
     };
     let induction_probe_loss = probe_loss(&model, &tok, ctx.probe)?;
-    let dev_subtask_reward = if ctx.dev_records.is_empty() {
-        BTreeMap::new()
-    } else {
-        status.detail(format!("evaluation: {name}: dev subtask rewards"));
-        subtask_rewards(&model, &tok, ctx.dev_records, cfg, false, 0)?.means
-    };
+    let (dev_subtask_reward, dev_constrained_subtask_reward, dev_sampled_subtask_reward) =
+        dev_rewards(&model, &tok, ctx, name)?;
     let mut ecfg = cfg.eval.clone();
     ecfg.seed = cfg.seed;
     let mut ans = ModelAnswerer {
@@ -1176,6 +1216,8 @@ fn evaluate_stage<B: Backend>(
         sampled_mean_reward: mean(&sampled_subtask_reward),
         sampled_subtask_reward,
         dev_subtask_reward,
+        dev_constrained_subtask_reward,
+        dev_sampled_subtask_reward,
         pipeline,
         scores,
     })
@@ -1403,6 +1445,20 @@ fn write_report(
     if s.stages.iter().any(|r| !r.dev_subtask_reward.is_empty()) {
         md.push_str("\nDev split (free, greedy; the numbers to tune on):\n");
         reward_table(&mut md, &s.stages, |r| &r.dev_subtask_reward);
+    }
+    if s.stages
+        .iter()
+        .any(|r| !r.dev_constrained_subtask_reward.is_empty())
+    {
+        md.push_str("\nDev split (constrained, greedy):\n");
+        reward_table(&mut md, &s.stages, |r| &r.dev_constrained_subtask_reward);
+    }
+    if s.stages
+        .iter()
+        .any(|r| !r.dev_sampled_subtask_reward.is_empty())
+    {
+        md.push_str("\nDev split (sampled as in stage 2):\n");
+        reward_table(&mut md, &s.stages, |r| &r.dev_sampled_subtask_reward);
     }
     md.push_str("\nWhy test answers scored zero (counts over all subtasks):\n\n");
     for r in &s.stages {
