@@ -92,9 +92,9 @@ fn quick_repro_writes_a_complete_report_deterministically() {
     let report_b = run(b.path());
     let cut = |r: &str| r.split("## Stage 2").next().unwrap_or("").to_string();
     assert_eq!(cut(&report), cut(&report_b));
-    // The two runs side by side (`sorft compare`): paired on the same instances, identical.
+    // The two runs side by side (`sorft data compare`): paired on the same instances, identical.
     let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
-        .arg("compare")
+        .args(["data", "compare"])
         .args([a.path(), b.path()])
         .args(["--stage", "sft+rl"])
         .output()

@@ -75,15 +75,21 @@ pub enum DataCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Compare two `sorft repro` runs on their held-out instances, paired (B against A).
+    /// Compare finished `sorft repro` runs on their test instances, paired (each against the
+    /// first): subtask rewards, hit rates, %Resolved and answer length per checkpoint.
     Compare {
-        /// Output folder of run A.
-        a: PathBuf,
-        /// Output folder of run B.
-        b: PathBuf,
+        /// Output folders of the runs, the baseline first (same seed and data settings).
+        #[arg(required = true, num_args = 2..)]
+        runs: Vec<PathBuf>,
+        /// Only this checkpoint (`initial`, `sft` or `sft+rl`; default: all three).
+        #[arg(long)]
+        stage: Option<String>,
         /// Seed of the bootstrap.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Also write the markdown here.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Summarise an instance file or a subtask file.
     Stats {
@@ -124,7 +130,12 @@ pub fn run(args: DataArgs) -> Result<()> {
             repos,
             out,
         } => p2t::graph_cmd(&instances, &repos, out.as_deref()),
-        DataCommand::Compare { a, b, seed } => p2t::compare_cmd(&a, &b, seed),
+        DataCommand::Compare {
+            runs,
+            stage,
+            seed,
+            out,
+        } => p2t::compare_cmd(&runs, stage.as_deref(), seed, out.as_deref()),
         DataCommand::Stats { file } => stats_cmd(&file),
     }
 }

@@ -1,7 +1,6 @@
 //! Subcommands of the `sorft` binary, one file each.
 
 pub mod bench;
-pub mod compare;
 pub mod data;
 pub mod device;
 pub mod doctor;
@@ -77,8 +76,6 @@ pub enum Command {
     /// FailForge over a finished rejection-sampling run: diagnose failed prompts, retry with
     /// skills, add the successes without the skill; optionally compare corpora on held-out data.
     Failforge(failforge::FailforgeArgs),
-    /// One stage of several finished runs side by side, paired on their common test split.
-    Compare(compare::CompareArgs),
     /// Subtask prompts with ground truth as a veRL (parquet) or OpenRLHF (JSONL) dataset.
     Export(export::ExportArgs),
     /// Serve sorft's rewards over HTTP (OpenRLHF remote reward model protocol).
@@ -141,7 +138,6 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Repro(a) => repro::run(a),
         Command::Eval(a) => eval::run(a),
-        Command::Compare(a) => compare::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Model(a) => model::run(a),

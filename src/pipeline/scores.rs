@@ -1,6 +1,6 @@
 //! Per-instance scores of an evaluated checkpoint, saved beside a run's report
 //! (`scores_<stage>.json`), and the paired deltas between checkpoints: the stages of one run
-//! (`sorft repro`'s table) or the same stage of several runs on the same test split (`sorft
+//! (`sorft repro`'s table) or the same stage of several runs on the same test split (`sorft data
 //! compare`: curation modes, ablations, algorithms side by side).
 
 use std::collections::BTreeMap;

@@ -2,6 +2,7 @@
 //! `repro` runs, paired).
 
 use anyhow::{bail, Context, Result};
+use sorft::pipeline::scores;
 use sorft::rft::p2t;
 use sorft::rft::teacher::TeacherItem;
 use sorft::swe::instance;
@@ -48,16 +49,53 @@ pub fn graph_cmd(instances: &Path, repos: &Path, out: Option<&Path>) -> Result<(
     Ok(())
 }
 
-/// Prints a paired comparison of run `b` against run `a` at each checkpoint.
-pub fn compare_cmd(a: &Path, b: &Path, seed: u64) -> Result<()> {
-    println!(
-        "a = {}\nb = {}\n\n{}",
-        a.display(),
-        b.display(),
-        p2t::compare::HEADER
-    );
-    for stage in ["initial", "sft", "sft+rl"] {
-        println!("{}", p2t::compare::compare(a, b, stage, seed)?);
+/// Prints (and with `out` writes) the paired comparison of each run against the first, per
+/// checkpoint: from the runs' saved scores (`scores_<stage>.json`) when every run has them,
+/// else, for two runs made before those files, from their predictions (pipeline rewards,
+/// %Resolved and answer length only).
+pub fn compare_cmd(
+    runs: &[std::path::PathBuf],
+    stage: Option<&str>,
+    seed: u64,
+    out: Option<&Path>,
+) -> Result<()> {
+    let stages: Vec<&str> = match stage {
+        Some(s) => vec![s],
+        None => vec!["initial", "sft", "sft+rl"],
+    };
+    let mut md = String::new();
+    for (k, r) in runs.iter().enumerate() {
+        md.push_str(&format!("run {k}: {}\n", r.display()));
     }
-    Ok(())
+    for st in stages {
+        md.push_str(&format!("\n## {st}\n\n"));
+        let saved: Option<Vec<(String, scores::SavedScores)>> = runs
+            .iter()
+            .map(|r| scores::load(r, st).ok().map(|s| (run_name(r), s)))
+            .collect();
+        match (saved, runs) {
+            (Some(saved), _) => md.push_str(&scores::compare_runs(&saved, seed)?),
+            (None, [a, b]) => {
+                md.push_str(p2t::compare::HEADER);
+                md.push('\n');
+                md.push_str(&p2t::compare::compare(a, b, st, seed)?);
+                md.push('\n');
+            }
+            (None, _) => bail!(
+                "{st}: a run has no saved scores (scores_<stage>.json); compare more than two runs only once each was evaluated with this version"
+            ),
+        }
+    }
+    if let Some(o) = out {
+        std::fs::write(o, &md).with_context(|| format!("writing {}", o.display()))?;
+    }
+    crate::cli::print_out(&md)
+}
+
+/// A run's name in the tables: its folder's name.
+fn run_name(r: &Path) -> String {
+    r.file_name().map_or_else(
+        || r.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
