@@ -103,6 +103,23 @@ fn quick_repro_writes_a_complete_report_deterministically() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(md.contains("No delta is significant"), "{md}");
     assert!(md.contains("| subtask reward (free, greedy) |"), "{md}");
+    // Resumed with nothing changed: every evaluation is reused (predictions not rewritten), and
+    // the report is the same.
+    let preds_at = |stage: &str| {
+        std::fs::metadata(a.path().join(format!("predictions_{stage}.jsonl")))
+            .and_then(|m| m.modified())
+            .unwrap()
+    };
+    let before: Vec<_> = ["initial", "sft", "sft_rl"].map(preds_at).to_vec();
+    let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
+        .args(["repro", "--quick", "--seed", "3", "--resume", "--out"])
+        .arg(a.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(before, ["initial", "sft", "sft_rl"].map(preds_at).to_vec());
+    let resumed = std::fs::read_to_string(a.path().join("report.md")).unwrap();
+    assert_eq!(cut(&report), cut(&resumed));
 }
 
 #[test]

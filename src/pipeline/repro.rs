@@ -1066,6 +1066,9 @@ fn evaluate_cached<B: Backend>(
         &cfg.data,
         &cfg.model,
         &cfg.eval,
+        // Sampled rewards decode at the stage-2 temperature and score with its edit reward.
+        cfg.stage2.temperature,
+        &cfg.stage2.edit_reward,
     );
     let fp = crate::pipeline::eval_cache::fingerprint(dir, &settings)?;
     if resume {
@@ -1078,6 +1081,11 @@ fn evaluate_cached<B: Backend>(
             r.scores = s.scores;
             return Ok(r);
         }
+    }
+    // A stale cache must not pair with the scores this evaluation writes if it is interrupted.
+    let stale = crate::pipeline::eval_cache::cache_path(ctx.out, name);
+    if stale.exists() {
+        std::fs::remove_file(&stale).with_context(|| stale.display().to_string())?;
     }
     let r = evaluate_stage(be, ctx, name, dir)?;
     crate::pipeline::eval_cache::store(ctx.out, name, &fp, &r)?;
