@@ -914,6 +914,7 @@ pub fn run_repro<B: Backend>(
         repos: &data.join("repos"),
         out,
         status: &status,
+        dev,
     };
     let mut stages = Vec::new();
     for (name, dir) in [("initial", &warm), ("sft", &sft_dir), ("sft+rl", &rl_dir)] {
@@ -1009,6 +1010,7 @@ struct EvalCtx<'a> {
     repos: &'a Path,
     out: &'a Path,
     status: &'a Status,
+    dev: &'a DeviceInfo,
 }
 
 /// Mean subtask rewards on the dev split: free greedy, constrained greedy and sampled (the
@@ -1059,10 +1061,10 @@ fn evaluate_cached<B: Backend>(
     let cfg = ctx.cfg;
     // The first element names what an evaluation measures; raise it when that changes.
     let settings = (
-        "eval-2",
+        "eval-3",
         cfg.seed,
-        &cfg.device,
-        &cfg.dtype,
+        // The backend that computes (not the `auto` choice), its GPU and dtype.
+        (&ctx.dev.device, &ctx.dev.gpu, &ctx.dev.dtype),
         &cfg.data,
         &cfg.model,
         &cfg.eval,
