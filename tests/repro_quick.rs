@@ -120,6 +120,16 @@ fn quick_repro_writes_a_complete_report_deterministically() {
     assert_eq!(before, ["initial", "sft", "sft_rl"].map(preds_at).to_vec());
     let resumed = std::fs::read_to_string(a.path().join("report.md")).unwrap();
     assert_eq!(cut(&report), cut(&resumed));
+    // A broken score file is a one-line error, not a silent fallback to the predictions.
+    std::fs::write(b.path().join("scores_sft.json"), "{truncated").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
+        .args(["data", "compare"])
+        .args([a.path(), b.path()])
+        .args(["--stage", "sft"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("malformed"), "{err}");
 }
 
 #[test]

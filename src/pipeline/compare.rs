@@ -47,19 +47,39 @@ pub fn split_repos(repos: &[String], test_fraction: f64, dev_fraction: f64) -> O
     })
 }
 
-/// Per-record scores grouped into one cluster per instance (records of one instance in their
-/// order; instances in order of first appearance): the unit the bootstrap resamples.
-pub fn clusters(recs: &[SubtaskRecord], scores: &[f64]) -> Vec<Vec<f64>> {
+/// Record indices grouped by instance: records of one instance in their order, instances in
+/// order of first appearance.
+fn by_instance(recs: &[SubtaskRecord]) -> Vec<(&str, Vec<usize>)> {
     let mut order: Vec<&str> = Vec::new();
-    let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for (r, &s) in recs.iter().zip(scores) {
+    let mut by: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (k, r) in recs.iter().enumerate() {
         let id = r.instance_id.as_str();
         if !by.contains_key(id) {
             order.push(id);
         }
-        by.entry(id).or_default().push(s);
+        by.entry(id).or_default().push(k);
     }
-    order.into_iter().filter_map(|id| by.remove(id)).collect()
+    order
+        .into_iter()
+        .filter_map(|id| by.remove(id).map(|ix| (id, ix)))
+        .collect()
+}
+
+/// Per-record scores grouped into one cluster per instance (records of one instance in their
+/// order; instances in order of first appearance): the unit the bootstrap resamples.
+pub fn clusters(recs: &[SubtaskRecord], scores: &[f64]) -> Vec<Vec<f64>> {
+    by_instance(&recs[..recs.len().min(scores.len())])
+        .into_iter()
+        .map(|(_, ix)| ix.into_iter().map(|k| scores[k]).collect())
+        .collect()
+}
+
+/// The instance of each cluster [`clusters`] makes of `recs`, and the cluster's size.
+pub fn cluster_ids(recs: &[SubtaskRecord]) -> (Vec<String>, Vec<usize>) {
+    by_instance(recs)
+        .into_iter()
+        .map(|(id, ix)| (id.to_string(), ix.len()))
+        .unzip()
 }
 
 /// One stage-to-stage difference of one metric.

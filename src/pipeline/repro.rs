@@ -22,7 +22,7 @@ use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::init::{init_model, EMBEDDED_CORPUS};
 use crate::model::{load_dir, Model, Tokenizer};
 use crate::pipeline::augment::{fresh_name, package_of, Renamer};
-use crate::pipeline::compare::{clusters, delta_section, split_repos, Delta};
+use crate::pipeline::compare::{cluster_ids, clusters, delta_section, split_repos, Delta};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
 use crate::pipeline::scores::{scores_deltas, SavedScores, StageScores};
@@ -1231,21 +1231,6 @@ fn evaluate_stage<B: Backend>(
         pipeline,
         scores,
     })
-}
-
-/// The instance of each cluster [`clusters`] makes of `recs`, and the cluster's size.
-fn cluster_ids(recs: &[SubtaskRecord]) -> (Vec<String>, Vec<usize>) {
-    let mut ids: Vec<String> = Vec::new();
-    let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in recs {
-        let id = r.instance_id.as_str();
-        if !sizes.contains_key(id) {
-            ids.push(id.to_string());
-        }
-        *sizes.entry(id).or_default() += 1;
-    }
-    let n = ids.iter().map(|id| sizes[id.as_str()]).collect();
-    (ids, n)
 }
 
 /// The table of %Resolved against edit samples (and resolved_curve.svg); empty without tests.

@@ -69,10 +69,18 @@ pub fn compare_cmd(
     }
     for st in stages {
         md.push_str(&format!("\n## {st}\n\n"));
-        let saved: Option<Vec<(String, scores::SavedScores)>> = runs
-            .iter()
-            .map(|r| scores::load(r, st).ok().map(|s| (run_name(r), s)))
-            .collect();
+        // Runs made before score files fall back to predictions; a present but broken score
+        // file is an error, never a silent fallback.
+        let saved: Option<Vec<(String, scores::SavedScores)>> =
+            if runs.iter().all(|r| scores::scores_path(r, st).exists()) {
+                let mut v = Vec::new();
+                for r in runs {
+                    v.push((run_name(r), scores::load(r, st)?));
+                }
+                Some(v)
+            } else {
+                None
+            };
         match (saved, runs) {
             (Some(saved), _) => md.push_str(&scores::compare_runs(&saved, seed)?),
             (None, [a, b]) => {
