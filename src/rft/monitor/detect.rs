@@ -89,6 +89,9 @@ pub struct Watch {
     pub up: bool,
     /// Falls matter.
     pub down: bool,
+    /// Judged on the log scale (multiplicative, heavy-tailed features such as the largest
+    /// ratio of a step); the floors are then in natural-log units.
+    pub log: bool,
 }
 
 const fn w(name: &'static str, abs_floor: f64, rel_floor: f64, up: bool, down: bool) -> Watch {
@@ -98,7 +101,64 @@ const fn w(name: &'static str, abs_floor: f64, rel_floor: f64, up: bool, down: b
         rel_floor,
         up,
         down,
+        log: false,
     }
+}
+
+/// A feature judged on the log scale (see [`Watch::log`]).
+const fn wlog(name: &'static str, abs_floor: f64, up: bool, down: bool) -> Watch {
+    Watch {
+        name,
+        abs_floor,
+        rel_floor: 0.0,
+        up,
+        down,
+        log: true,
+    }
+}
+
+impl Watch {
+    /// The value the detector judges: `x`, or `ln x` on the log scale (`None` for `x <= 0`).
+    pub fn judged(&self, x: f64) -> Option<f64> {
+        if !x.is_finite() {
+            None
+        } else if self.log {
+            (x > 0.0).then(|| x.ln())
+        } else {
+            Some(x)
+        }
+    }
+}
+
+/// Features computed by the update (from its ratios, gradients and the updated sequences'
+/// log-probabilities). A step that updated nothing (every group tied) has no values for them;
+/// its `entropy` is the rollouts' mean surprisal, another estimate, judged as `surprisal`.
+pub const UPDATE_FEATURES: &[&str] = &[
+    "kl",
+    "kl_k3",
+    "clip_frac",
+    "max_ratio",
+    "approx_kl",
+    "grad_norm",
+    "adv_std",
+    "adv_reward_corr",
+    "logprob_mismatch",
+];
+
+/// The record as RFT-FM judges it: on a step that updated no sequence (`trained_sequences`
+/// recorded as 0), the update's features are dropped and `entropy` becomes `surprisal`.
+pub fn judged_record(r: &StepRecord) -> std::borrow::Cow<'_, StepRecord> {
+    if r.get("trained_sequences") != Some(0.0) {
+        return std::borrow::Cow::Borrowed(r);
+    }
+    let mut out = r.clone();
+    for f in UPDATE_FEATURES {
+        out.values.remove(*f);
+    }
+    if let Some(e) = out.values.remove("entropy") {
+        out.values.insert("surprisal".into(), e);
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The features RFT-FM watches, with noise floors set for batches of a few dozen responses.
@@ -108,13 +168,14 @@ pub const WATCHED: &[Watch] = &[
     w("zero_std_frac", 0.3, 0.0, true, false),
     w("prompt_unique_frac", 0.1, 0.0, false, true),
     w("entropy", 0.05, 0.08, true, true),
+    w("surprisal", 0.05, 0.08, true, true),
     w("kl", 0.05, 0.5, true, false),
     w("kl_k3", 0.05, 0.5, true, false),
     w("clip_frac", 0.05, 0.5, true, true),
-    w("max_ratio", 0.5, 0.3, true, false),
+    wlog("max_ratio", 0.5, true, false),
     w("approx_kl", 0.02, 0.5, true, false),
     w("logprob_mismatch", 0.02, 0.5, true, false),
-    w("grad_norm", 0.2, 0.5, true, true),
+    wlog("grad_norm", 0.4, true, true),
     w("response_len", 1.0, 0.2, true, true),
     w("trunc_rate", 0.15, 0.0, true, false),
     w("repetition", 0.1, 0.0, true, false),
@@ -314,7 +375,7 @@ impl RobustDetector {
     fn statistical(&mut self, r: &StepRecord, out: &mut Vec<Signal>) -> Vec<&'static str> {
         let mut suspicious = Vec::new();
         for wch in WATCHED {
-            let Some(x) = r.get(wch.name).filter(|x| x.is_finite()) else {
+            let Some(x) = r.get(wch.name).and_then(|x| wch.judged(x)) else {
                 continue;
             };
             let Some(h) = self
@@ -336,8 +397,10 @@ impl RobustDetector {
                 }
                 let zd = if up { z } else { -z };
                 let dir = if up { Dir::Up } else { Dir::Down };
+                // A jump the z-score flags adds at most the z threshold to the drift sum, so
+                // one spike does not keep the CUSUM alarming for the steps after it.
                 let c = self.cusum.entry((wch.name, up)).or_insert(0.0);
-                *c = (*c + zd - self.cfg.cusum_k).max(0.0);
+                *c = (*c + zd.min(self.cfg.z_threshold) - self.cfg.cusum_k).max(0.0);
                 if zd > self.cfg.z_threshold {
                     out.push(Signal {
                         feature: wch.name.to_string(),
@@ -363,7 +426,7 @@ impl RobustDetector {
             if suspicious.contains(&wch.name) {
                 continue;
             }
-            if let Some(x) = r.get(wch.name).filter(|x| x.is_finite()) {
+            if let Some(x) = r.get(wch.name).and_then(|x| wch.judged(x)) {
                 let h = self.history.entry(wch.name).or_default();
                 h.push_back(x);
                 while h.len() > self.cfg.window.max(1) {
@@ -454,6 +517,7 @@ impl Detector for RobustDetector {
     }
 
     fn observe(&mut self, r: &StepRecord) -> Option<Alarm> {
+        let r = &*judged_record(r);
         let mut signals = Vec::new();
         self.hard_rules(r, &mut signals);
         self.silent_scorer(r, &mut signals);
@@ -814,6 +878,86 @@ mod tests {
         assert_eq!(a.signals[0].dir, Dir::Down);
         // The faulty value did not enter the baseline: still anomalous next step.
         assert!(d.observe(&rec(5, &[("entropy", 0.1)])).is_some());
+    }
+
+    /// A clean step of a stage-2 run: `trained` sequences updated (0: every group tied).
+    fn stage2_step(step: usize, trained: f64, entropy: f64, max_ratio: f64) -> StepRecord {
+        let mut kv = vec![
+            ("reward_mean", noisy_reward(step)),
+            ("trained_sequences", trained),
+            ("entropy", entropy),
+        ];
+        if trained > 0.0 {
+            kv.extend([("max_ratio", max_ratio), ("grad_norm", 1.0)]);
+        } else {
+            kv.extend([("max_ratio", 0.0), ("grad_norm", 0.0)]);
+        }
+        rec(step, &kv)
+    }
+
+    #[test]
+    fn a_step_without_update_is_judged_on_its_own_estimates() {
+        // Clean: entropy ~0.2 on updated steps; a tied step reports the rollouts' surprisal
+        // (~1.5) and zero ratios and gradients. Seen in a real 48-step run (session 39).
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=30 {
+            let r = if s % 5 == 0 {
+                stage2_step(s, 0.0, 1.5 + 0.01 * (s % 3) as f64, 0.0)
+            } else {
+                stage2_step(s, 16.0, 0.2 + 0.01 * (s % 3) as f64, 2.0)
+            };
+            assert!(d.observe(&r).is_none(), "clean step {s}");
+        }
+        // The surprisal has its own baseline: its collapse on a tied step is still caught.
+        let a = d.observe(&stage2_step(35, 0.0, 0.05, 0.0)).unwrap();
+        assert_eq!(
+            (a.signals[0].feature.as_str(), a.signals[0].dir),
+            ("surprisal", Dir::Down)
+        );
+        // Without the record of updated sequences (an external log) entropy is judged as before.
+        assert_eq!(
+            judged_record(&rec(1, &[("entropy", 1.0)])).get("entropy"),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn heavy_tailed_ratios_are_judged_on_the_log_scale() {
+        // The largest ratio of a clean step varies by ~10x (1.4 to 17 in a real run) ...
+        let mut d = RobustDetector::new(RobustConfig::default());
+        let clean = [1.5, 2.6, 17.3, 4.2, 1.4, 16.8, 2.0, 1.7, 3.3, 6.0, 1.9, 2.4];
+        for (k, x) in clean.iter().enumerate() {
+            assert!(
+                d.observe(&stage2_step(k + 1, 16.0, 0.2, *x)).is_none(),
+                "{x}"
+            );
+        }
+        // ... while clipping switched off lets it run away by orders of magnitude.
+        let a = d.observe(&stage2_step(13, 16.0, 0.2, 5e3)).unwrap();
+        assert_eq!(
+            (a.signals[0].feature.as_str(), a.signals[0].rule),
+            ("max_ratio", Rule::RobustZ)
+        );
+    }
+
+    #[test]
+    fn one_spike_is_one_alarm_not_a_run_of_cusum_alarms() {
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=8 {
+            assert!(d.observe(&rec(s, &[("entropy", 0.2)])).is_none());
+        }
+        assert!(d.observe(&rec(9, &[("entropy", 1.6)])).is_some());
+        for s in 10..=14 {
+            assert!(
+                d.observe(&rec(s, &[("entropy", 0.2)])).is_none(),
+                "step {s}"
+            );
+        }
+        // Two large steps in a row (z 4.8, under the z threshold) still accumulate: the
+        // CUSUM's job.
+        assert!(d.observe(&rec(15, &[("entropy", 0.44)])).is_none());
+        let a = d.observe(&rec(16, &[("entropy", 0.44)])).unwrap();
+        assert_eq!(a.signals[0].rule, Rule::Cusum);
     }
 
     #[test]

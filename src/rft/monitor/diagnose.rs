@@ -25,7 +25,7 @@ pub fn feature_family(feature: &str) -> Option<FaultFamily> {
         | "approx_kl" | "grad_norm" | "adv_std" | "adv_reward_corr" | "nonfinite" => {
             FaultFamily::PG
         }
-        "entropy" | "temperature" | "response_len" | "trunc_rate" | "repetition"
+        "entropy" | "surprisal" | "temperature" | "response_len" | "trunc_rate" | "repetition"
         | "unique_ratio" | "empty_rate" | "format_error_rate" => FaultFamily::OD,
         "logprob_mismatch" | "prompt_unique_frac" | "invented_rate" => FaultFamily::CA,
         "sandbox_error_rate" | "timeout_rate" | "scorer_silent" | "answer_disagree" => {
@@ -135,7 +135,11 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
             FlakyTests,
             "identical answers score differently (flaky tests)",
         ),
-        (down("entropy"), EntropyCollapse, "entropy collapsed"),
+        (
+            down("entropy") || down("surprisal"),
+            EntropyCollapse,
+            "entropy collapsed",
+        ),
     ];
     if let Some((_, f, ev)) = rules.iter().find(|r| r.0) {
         return Diagnosis {
@@ -172,7 +176,11 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
             LrTooHigh,
             "updates too large",
         ),
-        (up("entropy"), LengthExplosion, "entropy rose"),
+        (
+            up("entropy") || up("surprisal"),
+            LengthExplosion,
+            "entropy rose",
+        ),
     ];
     if let Some((_, f, ev)) = second.iter().find(|r| r.0) {
         return Diagnosis {
