@@ -15,10 +15,13 @@ use crate::rft::rl::RlConfig;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
-    /// Instances generated.
+    /// Instances in repositories of `per_repo` each: sets how many repositories are generated.
     pub instances: usize,
-    /// Instances per repository.
+    /// Instances per repository (all of the dev and test repositories' instances).
     pub per_repo: usize,
+    /// Instances per training repository: more bugs in the same training code for stages 1
+    /// and 2 (the dev and test splits keep `per_repo`); at most `per_repo`: `per_repo`.
+    pub train_per_repo: usize,
     /// Fraction of repositories held out as the test split (the reported results; the default
     /// holds out most of them so that the test split has over 100 instances).
     pub heldout_fraction: f64,
@@ -40,6 +43,7 @@ impl Default for DataConfig {
         Self {
             instances: 168,
             per_repo: 3,
+            train_per_repo: 9,
             heldout_fraction: 0.65,
             dev_fraction: 0.07,
             test_timeout: 20.0,
@@ -250,6 +254,7 @@ impl ReproConfig {
     pub fn quick() -> Self {
         let mut c = Self::default();
         c.data.instances = 12;
+        c.data.train_per_repo = 4;
         c.data.heldout_fraction = 0.25;
         c.model.preset = Preset::Tiny;
         c.model.warmup_epochs = 1;

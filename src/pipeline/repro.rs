@@ -434,6 +434,34 @@ fn reward_table(
     }
 }
 
+/// How many instances to generate and how many per repository: `data.instances` sets the number
+/// of repositories (at `per_repo` each); when `train_per_repo` is larger, every repository gets
+/// that many and the dev and test splits keep only their first `per_repo` (the split is by
+/// repository name, known only after generation).
+fn generated_counts(d: &crate::pipeline::config::DataConfig) -> (usize, usize) {
+    let per = d.per_repo.max(1);
+    if d.train_per_repo <= per {
+        return (d.instances, per);
+    }
+    (
+        d.instances.div_ceil(per) * d.train_per_repo,
+        d.train_per_repo,
+    )
+}
+
+/// The first `per` instances of each repository, in their order.
+fn first_per_repo<'a>(instances: impl Iterator<Item = &'a Instance>, per: usize) -> Vec<Instance> {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    instances
+        .filter(|i| {
+            let k = seen.entry(i.repo.as_str()).or_insert(0);
+            *k += 1;
+            *k <= per
+        })
+        .cloned()
+        .collect()
+}
+
 /// Runs the whole reproduction into `out`. With `resume`, the phases a previous run of the same
 /// configuration finished are reused (warm-up, stage-1 SFT), unfinished SFT runs continue from
 /// their checkpoints and stage 2 from its newest checkpoint; `stop` (Ctrl-C) ends a long phase with
@@ -469,18 +497,19 @@ pub fn run_repro<B: Backend>(
     let t = Instant::now();
     status.phase("data: generating the synthetic task set");
     let data = out.join("data");
+    let (n_gen, per_gen) = generated_counts(&cfg.data);
     let report = synth(
         &SynthConfig {
-            n: cfg.data.instances,
+            n: n_gen,
             seed: cfg.seed,
-            per_repo: cfg.data.per_repo,
+            per_repo: per_gen,
             test_timeout: std::time::Duration::from_secs_f64(cfg.data.test_timeout),
             issue_styles: cfg.data.issue_styles,
             multi_file_fraction: cfg.data.multi_file_fraction,
             distractors: cfg.data.distractors,
         },
         &data,
-        &|k| status.detail(format!("data: {k}/{} instances", cfg.data.instances)),
+        &|k| status.detail(format!("data: {k}/{n_gen} instances")),
     )?;
     let repos: Vec<String> = report.instances.iter().map(|i| i.repo.clone()).collect();
     let split = split_repos(&repos, cfg.data.heldout_fraction, cfg.data.dev_fraction)
@@ -490,15 +519,18 @@ pub fn run_repro<B: Backend>(
                 report.instances.len()
             )
         })?;
-    let of = |set: &BTreeSet<String>| -> Vec<Instance> {
-        report
-            .instances
-            .iter()
-            .filter(|i| set.contains(&i.repo))
-            .cloned()
-            .collect()
+    let of = |set: &BTreeSet<String>, per: usize| -> Vec<Instance> {
+        first_per_repo(
+            report.instances.iter().filter(|i| set.contains(&i.repo)),
+            per,
+        )
     };
-    let (train, dev_set, held) = (of(&split.train), of(&split.dev), of(&split.test));
+    let per = cfg.data.per_repo.max(1);
+    let (train, dev_set, held) = (
+        of(&split.train, per_gen),
+        of(&split.dev, per),
+        of(&split.test, per),
+    );
     write_jsonl(&data.join("train.jsonl"), &train)?;
     write_jsonl(&data.join("dev.jsonl"), &dev_set)?;
     write_jsonl(&data.join("test.jsonl"), &held)?;
@@ -507,10 +539,20 @@ pub fn run_repro<B: Backend>(
         |i: &Instance| -> anyhow::Result<Snapshot> { Ok(store.snapshot(&i.repo, &i.base_commit)?) };
     let mut train_items: Vec<RlItem> = Vec::new();
     let mut code_files: BTreeMap<String, (String, String)> = BTreeMap::new();
+    // The first `per_repo` instances of each training repository: the code and issues the
+    // tokenizer and the warm-up read come from them only, so that more training instances
+    // (`data.train_per_repo`) leave both as they were.
+    let base = first_per_repo(train.iter(), per);
+    let base_ids: BTreeSet<&str> = base.iter().map(|i| i.instance_id.as_str()).collect();
     for inst in &train {
         let snap = snapshot(inst)?;
         let gt = ground_truth(&inst.patch, &snap)?;
-        for p in snap.paths() {
+        let paths = if base_ids.contains(inst.instance_id.as_str()) {
+            snap.paths().collect()
+        } else {
+            Vec::new()
+        };
+        for p in paths {
             if p.ends_with(".py") {
                 if let Some(text) = snap.text(p) {
                     code_files.insert(
@@ -558,9 +600,11 @@ pub fn run_repro<B: Backend>(
     };
     let mut corpus = vec![EMBEDDED_CORPUS.to_string()];
     corpus.extend(code_files.values().map(|(_, t)| t.clone()));
+    // Prompts of the base instances only, as for the code above.
     corpus.extend(
         train_items
             .iter()
+            .filter(|i| base_ids.contains(i.record.instance_id.as_str()))
             .take(cfg.model.tokenizer_prompts)
             .map(|i| i.record.prompt.clone()),
     );
@@ -697,8 +741,7 @@ pub fn run_repro<B: Backend>(
         .map(|(p, (repo, text))| (repo.as_str(), format!("# {p}\n{text}")))
         .collect();
     originals.extend(
-        train
-            .iter()
+        base.iter()
             .map(|i| (i.repo.as_str(), i.problem_statement.clone())),
     );
     let mut rng = SplitMix::new(random_u64(cfg.seed, 0xa09, 1));
@@ -1533,4 +1576,42 @@ fn write_report(
         if out.join("induction.svg").exists() { ", induction.svg" } else { "" }
     ));
     write_text(&out.join("report.md"), &md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::config::DataConfig;
+
+    #[test]
+    fn training_repositories_get_more_instances_and_the_others_keep_per_repo() {
+        let d = |instances, per_repo, train_per_repo| DataConfig {
+            instances,
+            per_repo,
+            train_per_repo,
+            ..DataConfig::default()
+        };
+        assert_eq!(generated_counts(&d(168, 3, 0)), (168, 3));
+        assert_eq!(generated_counts(&d(168, 3, 3)), (168, 3));
+        assert_eq!(generated_counts(&d(168, 3, 9)), (504, 9));
+        assert_eq!(generated_counts(&d(10, 3, 4)), (16, 4));
+        let inst = |repo: &str, k: usize| Instance {
+            repo: repo.into(),
+            instance_id: format!("{repo}-{k}"),
+            ..Instance::default()
+        };
+        let all = [
+            inst("a", 1),
+            inst("a", 2),
+            inst("a", 3),
+            inst("b", 1),
+            inst("b", 2),
+        ];
+        let ids = |v: Vec<Instance>| v.into_iter().map(|i| i.instance_id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(first_per_repo(all.iter(), 2)),
+            ["a-1", "a-2", "b-1", "b-2"]
+        );
+        assert_eq!(ids(first_per_repo(all.iter(), 1)), ["a-1", "b-1"]);
+    }
 }
