@@ -142,8 +142,7 @@ pub struct Stage1Config {
     pub samples_per_prompt: usize,
     /// Softness of the built-in teacher.
     pub teacher_temperature: f64,
-    /// SFT epochs (2 by default: with `data.train_per_repo = 9` three times the data of the
-    /// old 4-epoch default, in about 1.4 times its steps).
+    /// SFT epochs.
     pub epochs: u64,
     /// SFT learning rate.
     pub lr: f32,
@@ -180,7 +179,7 @@ impl Default for Stage1Config {
         Self {
             samples_per_prompt: 4,
             teacher_temperature: 0.7,
-            epochs: 2,
+            epochs: 4,
             lr: 2e-3,
             batch_tokens: 2048,
             max_len: 2048,
