@@ -270,50 +270,14 @@ fn sampled_reward(
 /// the grammar mostly made out of the loss (`min_allowed_mass` 0.5: 0.25 -> 0.33) would not.
 #[test]
 fn grpo_raises_the_sampled_reward_on_file_localization() {
-    use sorft::swe::subtask::Subtask;
     let data = tempfile::tempdir().unwrap();
-    // Two short file-localization prompts over the same four files, each with its own answer.
-    let base = train_util::rl_items(data.path())
-        .into_iter()
-        .find(|it| it.record.subtask == Subtask::File)
-        .unwrap();
-    let files: Vec<String> = ["a.py", "b.py", "c.py", "d.py"].map(String::from).into();
-    let items: Vec<RlItem> = [
-        ("the total is wrong", "c.py"),
-        ("the cache is stale", "a.py"),
-    ]
-    .iter()
-    .map(|(issue, gold)| {
-        let mut it = base.clone();
-        it.record.prompt = format!(
-            "Issue: {issue}.\nFiles:\n{}\nWhich file needs the fix?",
-            files.join("\n")
-        );
-        it.record.shown.files = files.clone();
-        it.record.truth.files = vec![gold.to_string()];
-        it
-    })
-    .collect();
+    let items = file_items(data.path());
     let mdir = tempfile::tempdir().unwrap();
     init_model(Preset::Tiny, mdir.path(), 7, &[EMBEDDED_CORPUS.to_string()]).unwrap();
     let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
     let tok = tok.unwrap();
     let (reference, _) = load_dir(&Cpu, mdir.path()).unwrap();
-    let cfg = RlConfig {
-        algorithm: Algorithm::Grpo,
-        steps: 24,
-        prompts_per_step: 4,
-        group_size: 8,
-        ppo_epochs: 1,
-        minibatch: 32,
-        lr: 3e-3,
-        temperature: 0.8,
-        max_new_tokens: 40,
-        ground: false,
-        faithful: false,
-        kl_coef: 0.0,
-        ..Default::default()
-    };
+    let cfg = file_config(24);
     let before = sampled_reward(&policy, &tok, &items, &cfg, 24);
     let mut tr = RlTrainer::new(&policy, &tok, &items, cfg.clone()).unwrap();
     for step in 1..=cfg.steps {
@@ -331,4 +295,103 @@ fn grpo_raises_the_sampled_reward_on_file_localization() {
     let after = sampled_reward(&policy, &tok, &items, &cfg, 24);
     eprintln!("sampled file reward: {before:.3} -> {after:.3}");
     assert!(after > before + 0.15, "{before:.3} -> {after:.3}");
+}
+
+/// GRPO's settings of the file-localization tests.
+fn file_config(steps: usize) -> RlConfig {
+    RlConfig {
+        algorithm: Algorithm::Grpo,
+        steps,
+        prompts_per_step: 4,
+        group_size: 8,
+        ppo_epochs: 1,
+        minibatch: 32,
+        lr: 3e-3,
+        temperature: 0.8,
+        max_new_tokens: 40,
+        ground: false,
+        faithful: false,
+        kl_coef: 0.0,
+        ..Default::default()
+    }
+}
+
+/// Grammar distillation teaches the unconstrained policy the grammar: with the term on, the
+/// share of the policy's probability that the grammar had to ban falls below the same run's
+/// without it (same seeds, same prompts), and the logged `-log pi(A)` is positive at the start.
+/// Dropping the term's gradient (or its full-distribution half) would not.
+#[test]
+fn grammar_distillation_moves_the_policys_mass_onto_what_the_grammar_allows() {
+    let data = tempfile::tempdir().unwrap();
+    let items = file_items(data.path());
+    let mdir = tempfile::tempdir().unwrap();
+    init_model(Preset::Tiny, mdir.path(), 7, &[EMBEDDED_CORPUS.to_string()]).unwrap();
+    let run = |coef: f32| {
+        let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
+        let tok = tok.unwrap();
+        let (reference, _) = load_dir(&Cpu, mdir.path()).unwrap();
+        let cfg = RlConfig {
+            grammar_distill: coef,
+            ..file_config(6)
+        };
+        let mut tr = RlTrainer::new(&policy, &tok, &items, cfg.clone()).unwrap();
+        (1..=cfg.steps)
+            .map(|_| tr.step(&mut policy, &reference, &tok, &items).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (off, on) = (run(0.0), run(5.0));
+    let cut = |m: &sorft::rft::rl::RlMetrics| m.override_mass.get("file").copied().unwrap_or(0.0);
+    for (a, b) in off.iter().zip(&on) {
+        eprintln!(
+            "step {}: override off {:.3} on {:.3}, -log pi(A) off {:.3} on {:.3}",
+            a.step,
+            cut(a),
+            cut(b),
+            a.distill_loss,
+            b.distill_loss
+        );
+    }
+    assert_eq!(cut(&off[0]), cut(&on[0]), "the first rollouts differ");
+    assert!(on[0].distill_loss > 0.1, "{}", on[0].distill_loss);
+    // The term trains the rows where the grammar left a choice (`-log pi(A)` there), and the
+    // banned share over every constrained step (forced ones too) follows.
+    let (off, on) = (&off[5], &on[5]);
+    assert!(
+        on.distill_loss < 0.75 * off.distill_loss,
+        "-log pi(A) {:.3} without the term, {:.3} with it",
+        off.distill_loss,
+        on.distill_loss
+    );
+    assert!(
+        cut(on) < cut(off) - 0.03,
+        "override mass {:.3} without the term, {:.3} with it",
+        cut(off),
+        cut(on)
+    );
+}
+
+/// Two short file-localization prompts over the same four files, each with its own answer.
+fn file_items(dir: &std::path::Path) -> Vec<RlItem> {
+    use sorft::swe::subtask::Subtask;
+    let base = train_util::rl_items(dir)
+        .into_iter()
+        .find(|it| it.record.subtask == Subtask::File)
+        .unwrap();
+    let files: Vec<String> = ["a.py", "b.py", "c.py", "d.py"].map(String::from).into();
+    [
+        ("the total is wrong", "c.py"),
+        ("the cache is stale", "a.py"),
+    ]
+    .iter()
+    .map(|(issue, gold)| {
+        let mut it = base.clone();
+        it.record.prompt = format!(
+            "Issue: {issue}.\nFiles:\n{}\nWhich file needs the fix?",
+            files.join("\n")
+        );
+        it.record.shown.files = files.clone();
+        it.record.truth.files = vec![gold.to_string()];
+        it
+    })
+    .collect()
 }

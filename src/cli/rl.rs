@@ -80,6 +80,10 @@ pub struct RlArgs {
     /// Cap of the truncated importance weights when re-scoring.
     #[arg(long, default_value_t = 2.0)]
     pub tis_cap: f32,
+    /// Grammar distillation: coefficient of `-log pi(allowed)` on the constrained tokens of the
+    /// update (teaches the unconstrained policy to stay in the grammar; 0: off).
+    #[arg(long)]
+    pub grammar_distill: Option<f32>,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -123,6 +127,9 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
         lora_alpha: a.lora_alpha,
         rescore: Rescore::parse(&a.rescore).map_err(|e| anyhow::anyhow!("--{e}"))?,
         tis_cap: a.tis_cap,
+        grammar_distill: a
+            .grammar_distill
+            .unwrap_or(RlConfig::default().grammar_distill),
         ..RlConfig::default()
     };
     if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {

@@ -155,6 +155,12 @@ pub struct RlConfig {
     pub rescore: Rescore,
     /// With re-scoring: the cap of the truncated importance weights `pi_train / pi_sampler`.
     pub tis_cap: f32,
+    /// Grammar distillation: the coefficient of `-log pi(A)` (the log of the probability the
+    /// unconstrained policy puts on what the grammar allowed) on every restricted token of the
+    /// update, per response token like the policy loss. The renormalised RL gradient only moves
+    /// mass among the allowed tokens; this term moves it onto them, so the policy learns to stay
+    /// in the grammar without it (free decoding). 0: off.
+    pub grammar_distill: f32,
 }
 
 impl Default for RlConfig {
@@ -201,6 +207,7 @@ impl Default for RlConfig {
             lora_alpha: 16.0,
             rescore: Rescore::Auto,
             tis_cap: 2.0,
+            grammar_distill: 0.0,
         }
     }
 }
@@ -258,6 +265,12 @@ pub struct RlMetrics {
     pub peak_rss_mib: f64,
     /// Sequences in the update (after leaving out empty responses and uniform groups).
     pub trained_sequences: usize,
+    /// Mean share of the policy's probability the grammar banned, over the constrained steps of
+    /// the rollouts, per subtask (`1 - pi(A)`; what free decoding would have put elsewhere).
+    pub override_mass: BTreeMap<String, f64>,
+    /// Mean `-log pi(A)` over the restricted tokens of the update (the grammar-distillation
+    /// loss before its coefficient; 0 without restricted tokens).
+    pub distill_loss: f64,
     /// Health features of the step (RFT-FM).
     pub health: Health,
     /// Mean `|p_sampler - p_trainer|` of the sampled tokens, when re-scored or PPO.
@@ -292,6 +305,34 @@ fn restricted_set(o: &crate::model::generate::GenOutput, t: usize) -> Option<Tok
     } else {
         None
     }
+}
+
+/// The grammar-distillation term on a minibatch's restricted rows: `coef / nt * sum -log pi(A)`
+/// with `-log pi(A) = logp_c - logp_full` (`logp_rows` holds the restricted `logp_c`). Adds
+/// its gradient to `g_logp` (on `logp_c`) and to `r.full_grad` (on `logp_full`); returns the sum
+/// of `-log pi(A)` over the rows and their count (logged whatever `coef`).
+fn grammar_distill(
+    r: &mut crate::train::restrict::Restricted,
+    logp_rows: &[f32],
+    g_logp: &mut [f32],
+    coef: f32,
+    nt: usize,
+) -> (f64, usize) {
+    let mut sum = 0.0f64;
+    for (&row, &full) in r.rows.iter().zip(&r.full_logp) {
+        let lp_c = logp_rows.get(row as usize).copied().unwrap_or(full);
+        sum += (lp_c - full).max(0.0) as f64;
+    }
+    if coef > 0.0 {
+        let w = coef / nt.max(1) as f32;
+        for &row in &r.rows {
+            if let Some(g) = g_logp.get_mut(row as usize) {
+                *g += w;
+            }
+        }
+        r.full_grad = vec![-w; r.rows.len()];
+    }
+    (sum, r.rows.len())
 }
 
 /// Packs sequences and restricts the rows of their constrained tokens.
@@ -497,6 +538,11 @@ impl<B: Backend> RlTrainer<B> {
             cfg.temperature
         );
         anyhow::ensure!(
+            cfg.grammar_distill.is_finite() && cfg.grammar_distill >= 0.0,
+            "stage2.grammar_distill must be 0 or positive, got {}",
+            cfg.grammar_distill
+        );
+        anyhow::ensure!(
             cfg.tis_cap.is_finite() && cfg.tis_cap > 0.0,
             "stage2.tis_cap must be positive, got {}",
             cfg.tis_cap
@@ -697,6 +743,7 @@ impl<B: Backend> RlTrainer<B> {
         let mut rolls = Vec::with_capacity(outs.len());
         self.last_rollouts.clear();
         let mut by_sub: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut override_by_sub: BTreeMap<String, (f64, usize)> = BTreeMap::new();
         let texts: Vec<&str> = outs.iter().map(|o| o.text.as_str()).collect();
         let record_of = |j: usize| &items[self.prompts[chosen[j / cfg.group_size.max(1)]].0].record;
         let executed = crate::rft::exec_reward::step_rewards(
@@ -738,6 +785,15 @@ impl<B: Backend> RlTrainer<B> {
                 .entry(rec.subtask.name().to_string())
                 .or_default()
                 .push(r.reward);
+            let cut = override_by_sub
+                .entry(rec.subtask.name().to_string())
+                .or_insert((0.0, 0usize));
+            for (a, lm) in o.allowed.iter().zip(&o.allowed_logmass) {
+                if a.is_some() {
+                    cut.0 += 1.0 - (*lm as f64).exp();
+                    cut.1 += 1;
+                }
+            }
             let mut ids = prompt.clone();
             ids.extend(&o.ids);
             // Tokens a constraint forced carry no decision: they stay out of the loss.
@@ -787,6 +843,11 @@ impl<B: Backend> RlTrainer<B> {
         m.reward_by_subtask = by_sub
             .into_iter()
             .map(|(k, v)| (k, v.iter().sum::<f64>() / v.len() as f64))
+            .collect();
+        m.override_mass = override_by_sub
+            .into_iter()
+            .filter(|(_, (_, n))| *n > 0)
+            .map(|(k, (sum, n))| (k, sum / n as f64))
             .collect();
         m.response_len = gen_tokens as f64 / n;
         m.time_reward = t1.elapsed().as_secs_f64();
@@ -962,6 +1023,7 @@ impl<B: Backend> RlTrainer<B> {
         let (mut ent_sum, mut ent_n, mut clip_sum, mut akl_sum, mut gn_sum, mut nmb) =
             (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
         let (mut vl_sum, mut ev_sum) = (0.0, 0.0);
+        let (mut distill_sum, mut distill_n) = (0.0f64, 0usize);
         let mut order: Vec<usize> = (0..live.len()).collect();
         for epoch in 0..cfg.ppo_epochs {
             let mut r = SplitMix::new(random_u64(cfg.seed, self.step as u64, 0xe0 + epoch as u64));
@@ -972,7 +1034,7 @@ impl<B: Backend> RlTrainer<B> {
                 let mb_seqs: Vec<&Sequence> = mb.iter().map(|&i| seqs[i]).collect();
                 let mb_restrict: Vec<_> = mb.iter().map(|&i| restrict[i]).collect();
                 let batch = pack_restricted(&mb_seqs, &mb_restrict)?;
-                let fwd = forward(policy, self.lora.as_ref(), &batch, fopts)?;
+                let mut fwd = forward(policy, self.lora.as_ref(), &batch, fopts)?;
                 let logp_rows = be.to_host_f32(&fwd.logp)?;
                 // Restricted rows hold (and get the gradient of) their renormalised entropy.
                 let ent_rows = be.to_host_f32(&fwd.entropy)?;
@@ -1005,6 +1067,12 @@ impl<B: Backend> RlTrainer<B> {
                     ent_sum += ent_rows[r] as f64;
                 }
                 ent_n += rows.len();
+                if let Some(r) = fwd.restricted.as_mut() {
+                    let (sum, n) =
+                        grammar_distill(r, &logp_rows, &mut g_logp, cfg.grammar_distill, nt);
+                    distill_sum += sum;
+                    distill_n += n;
+                }
                 clip_sum += pl.clip_frac;
                 akl_sum += pl.approx_kl;
                 // Value head on detached features.
@@ -1076,6 +1144,7 @@ impl<B: Backend> RlTrainer<B> {
             sum / n.max(1) as f64
         };
         m.clip_frac = clip_sum / nmb_f;
+        m.distill_loss = distill_sum / distill_n.max(1) as f64;
         if nmb == 0 {
             m.health.lr = cfg.lr as f64;
         }

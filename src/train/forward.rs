@@ -387,9 +387,10 @@ pub fn forward<B: Backend>(
     let restricted = if batch.restricted.is_empty() {
         None
     } else {
-        let r = Restricted::new(&batch.restricted, &batch.targets, model.head().shape()[0])?;
+        let mut r = Restricted::new(&batch.restricted, &batch.targets, model.head().shape()[0])?;
         let (lp, ent) = r.logprobs(be, hin, model.head())?;
         let mut host = be.to_host_f32(&logp)?;
+        r.full_logp = r.rows.iter().map(|&row| host[row as usize]).collect();
         let mut host_ent = be.to_host_f32(&entropy)?;
         for ((&row, &v), &e) in r.rows.iter().zip(&lp).zip(&ent) {
             host[row as usize] = v;

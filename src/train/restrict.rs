@@ -28,6 +28,12 @@ pub struct Restricted {
     pub sets: Vec<TokenSet>,
     /// The target of each row.
     pub targets: Vec<u32>,
+    /// The full (unrestricted) log-probability of each row's target, filled by the forward:
+    /// `full_logp - restricted logp` is the log of the mass the policy put on the allowed set.
+    pub full_logp: Vec<f32>,
+    /// `dL/dlogp_full` per row, set before the backward by a loss on the full distribution of
+    /// these rows (the grammar-distillation term `-log pi(A) = logp_c - logp_full`); empty: 0.
+    pub full_grad: Vec<f32>,
 }
 
 impl Restricted {
@@ -37,6 +43,8 @@ impl Restricted {
             rows: Vec::with_capacity(rows.len()),
             sets: Vec::with_capacity(rows.len()),
             targets: Vec::with_capacity(rows.len()),
+            full_logp: Vec::new(),
+            full_grad: Vec::new(),
         };
         for (row, set) in rows {
             let t = *targets.get(*row).ok_or_else(|| {
@@ -184,6 +192,17 @@ pub fn head_backward<B: Backend>(
             .collect()
     };
     let (gr, gre) = (take(&mut gl)?, take(&mut ge)?);
+    if !r.full_grad.is_empty() && r.full_grad.len() != r.rows.len() {
+        return Err(TrainError::Input(format!(
+            "{} restricted rows but {} full-distribution gradients",
+            r.rows.len(),
+            r.full_grad.len()
+        )));
+    }
+    // A loss on these rows' full distributions goes through the full-softmax backward.
+    for (&row, &g) in r.rows.iter().zip(&r.full_grad) {
+        gl[row as usize] = g;
+    }
     let extra = r.backward(be, h, head, &gr, &gre, dhead.as_deref_mut())?;
     let gl = be.upload(HostData::F32(&gl), &[gl.len()])?;
     let ge = be.upload(HostData::F32(&ge), &[ge.len()])?;
@@ -234,15 +253,30 @@ mod tests {
 
     /// Central differences of [`loss`] over `h` then `head`.
     fn numeric(row0: &[u32]) -> Vec<f64> {
+        numeric_of(|x| loss(x, row0))
+    }
+
+    /// Central differences of `f` over `h` then `head`.
+    fn numeric_of(f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
         let x: Vec<f64> = H.iter().chain(&HEAD).copied().collect();
         (0..x.len())
             .map(|i| {
                 let (mut p, mut m) = (x.clone(), x.clone());
                 p[i] += 1e-5;
                 m[i] -= 1e-5;
-                (loss(&p, row0) - loss(&m, row0)) / 2e-5
+                (f(&p) - f(&m)) / 2e-5
             })
             .collect()
+    }
+
+    /// Row 0's full (unrestricted) log-probability of its target.
+    fn full_logp_row0(x: &[f64]) -> f64 {
+        let (h, head) = x.split_at(6);
+        let logits: Vec<f64> = (0..5)
+            .map(|b| (0..3).map(|j| h[j] * head[b * 3 + j]).sum())
+            .collect();
+        let lse = logits.iter().map(|l| l.exp()).sum::<f64>().ln();
+        logits[TARGETS[0] as usize] - lse
     }
 
     fn up(v: &[f64], shape: &[usize]) -> Tensor<Cpu> {
@@ -252,8 +286,14 @@ mod tests {
 
     /// `[dL/dh, dL/dhead]` from [`head_backward`] with row 0 restricted to [`ALLOWED`].
     fn analytic() -> Vec<f64> {
+        analytic_with(&[])
+    }
+
+    /// [`analytic`] with `full_grad` as the restricted row's full-distribution gradient.
+    fn analytic_with(full_grad: &[f32]) -> Vec<f64> {
         let set = TokenSet::from_fn(5, |i| ALLOWED.contains(&i));
-        let r = Restricted::new(&[(0, set)], &TARGETS, 5).unwrap();
+        let mut r = Restricted::new(&[(0, set)], &TARGETS, 5).unwrap();
+        r.full_grad = full_grad.to_vec();
         let (h, head) = (up(&H, &[2, 3]), up(&HEAD, &[5, 3]));
         let targets = Cpu.upload(HostData::U32(&TARGETS), &[2]).unwrap();
         let (gl, ge) = (
@@ -329,6 +369,20 @@ mod tests {
                 (ent(&p) - ent(&m)) / 2e-5
             })
             .collect()
+    }
+
+    #[test]
+    fn a_loss_on_a_restricted_rows_full_distribution_gets_its_gradient() {
+        // The grammar-distillation term's shape: a coefficient on row 0's full log-probability
+        // beside the restricted one's.
+        const G_FULL: f64 = -0.6;
+        let want = numeric_of(|x| loss(x, &ALLOWED) + G_FULL * full_logp_row0(x));
+        let got = analytic_with(&[G_FULL as f32]);
+        assert!(max_diff(&got, &want) < 1e-4, "{got:?}\nvs\n{want:?}");
+        assert!(
+            max_diff(&analytic(), &want) > 1e-2,
+            "the check cannot tell the term from its absence"
+        );
     }
 
     #[test]
