@@ -51,6 +51,7 @@ fn quick_repro_writes_a_complete_report_deterministically() {
         "rl_reward.svg",
         "rl_kl.svg",
         "rl_entropy.svg",
+        "rl_override.svg",
         "rl_response_length.svg",
         "hit_rates.svg",
         "subtask_rewards.svg",
@@ -93,12 +94,15 @@ fn quick_repro_writes_a_complete_report_deterministically() {
     let cut = |r: &str| r.split("## Stage 2").next().unwrap_or("").to_string();
     assert_eq!(cut(&report), cut(&report_b));
     // The two runs side by side (`sorft data compare`): paired on the same instances, identical.
-    let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
-        .args(["data", "compare"])
-        .args([a.path(), b.path()])
-        .args(["--stage", "sft+rl"])
-        .output()
-        .unwrap();
+    let compare = |stage: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sorft"))
+            .args(["data", "compare"])
+            .args([a.path(), b.path()])
+            .args(["--stage", stage])
+            .output()
+            .unwrap()
+    };
+    let o = compare("sft+rl");
     let md = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(md.contains("No delta is significant"), "{md}");
@@ -122,12 +126,7 @@ fn quick_repro_writes_a_complete_report_deterministically() {
     assert_eq!(cut(&report), cut(&resumed));
     // A broken score file is a one-line error, not a silent fallback to the predictions.
     std::fs::write(b.path().join("scores_sft.json"), "{truncated").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
-        .args(["data", "compare"])
-        .args([a.path(), b.path()])
-        .args(["--stage", "sft"])
-        .output()
-        .unwrap();
+    let o = compare("sft");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("malformed"), "{err}");
 }

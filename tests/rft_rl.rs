@@ -322,24 +322,13 @@ fn file_config(steps: usize) -> RlConfig {
 /// Dropping the term's gradient (or its full-distribution half) would not.
 #[test]
 fn grammar_distillation_moves_the_policys_mass_onto_what_the_grammar_allows() {
-    let data = tempfile::tempdir().unwrap();
-    let items = file_items(data.path());
-    let mdir = tempfile::tempdir().unwrap();
-    init_model(Preset::Tiny, mdir.path(), 7, &[EMBEDDED_CORPUS.to_string()]).unwrap();
-    let run = |coef: f32| {
-        let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
-        let tok = tok.unwrap();
-        let (reference, _) = load_dir(&Cpu, mdir.path()).unwrap();
-        let cfg = RlConfig {
-            grammar_distill: coef,
+    let (off, on) = (
+        file_run(file_config(6)),
+        file_run(RlConfig {
+            grammar_distill: 5.0,
             ..file_config(6)
-        };
-        let mut tr = RlTrainer::new(&policy, &tok, &items, cfg.clone()).unwrap();
-        (1..=cfg.steps)
-            .map(|_| tr.step(&mut policy, &reference, &tok, &items).unwrap())
-            .collect::<Vec<_>>()
-    };
-    let (off, on) = (run(0.0), run(5.0));
+        }),
+    );
     let cut = |m: &sorft::rft::rl::RlMetrics| m.override_mass.get("file").copied().unwrap_or(0.0);
     for (a, b) in off.iter().zip(&on) {
         eprintln!(
@@ -367,6 +356,53 @@ fn grammar_distillation_moves_the_policys_mass_onto_what_the_grammar_allows() {
         "override mass {:.3} without the term, {:.3} with it",
         cut(off),
         cut(on)
+    );
+}
+
+/// The step metrics of a run of `cfg` on [`file_items`] from the tiny model of seed 7.
+fn file_run(cfg: RlConfig) -> Vec<sorft::rft::rl::RlMetrics> {
+    let data = tempfile::tempdir().unwrap();
+    let items = file_items(data.path());
+    let mdir = tempfile::tempdir().unwrap();
+    init_model(Preset::Tiny, mdir.path(), 7, &[EMBEDDED_CORPUS.to_string()]).unwrap();
+    let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
+    let tok = tok.unwrap();
+    let (reference, _) = load_dir(&Cpu, mdir.path()).unwrap();
+    let mut tr = RlTrainer::new(&policy, &tok, &items, cfg.clone()).unwrap();
+    (1..=cfg.steps)
+        .map(|_| tr.step(&mut policy, &reference, &tok, &items).unwrap())
+        .collect()
+}
+
+/// Rollouts that beat their group scored under the full distribution: the policy's mass moves
+/// onto the rewarded (grammatical) answers from every other token, so the share the grammar had
+/// to ban falls below the same run's with every rollout renormalised.
+#[test]
+fn positive_rollouts_under_the_full_distribution_teach_the_unconstrained_policy() {
+    let (off, on) = (
+        file_run(file_config(6)),
+        file_run(RlConfig {
+            positive_full: true,
+            ..file_config(6)
+        }),
+    );
+    let cut = |m: &sorft::rft::rl::RlMetrics| m.override_mass.get("file").copied().unwrap_or(0.0);
+    for (a, b) in off.iter().zip(&on) {
+        eprintln!(
+            "step {}: override off {:.3} on {:.3}, reward off {:.3} on {:.3}",
+            a.step,
+            cut(a),
+            cut(b),
+            a.reward_mean,
+            b.reward_mean
+        );
+    }
+    assert_eq!(cut(&off[0]), cut(&on[0]), "the first rollouts differ");
+    assert!(
+        cut(&on[5]) < cut(&off[5]) - 0.03,
+        "override mass {:.3} renormalised, {:.3} with positive rollouts in full",
+        cut(&off[5]),
+        cut(&on[5])
     );
 }
 

@@ -1358,6 +1358,25 @@ fn write_report(
             &[series("entropy", &|m| m.entropy)],
         ),
     )?;
+    let mut cut: Vec<Series> = Subtask::ALL
+        .iter()
+        .map(|st| {
+            let n = st.name();
+            series(n, &|m| m.override_mass.get(n).copied().unwrap_or(f64::NAN))
+        })
+        .collect();
+    cut.push(series("-log pi(allowed) / 10 (updated rows)", &|m| {
+        m.distill_loss / 10.0
+    }));
+    write_text(
+        &out.join("rl_override.svg"),
+        &line_chart(
+            "Stage 2: share of the policy's probability the grammar banned",
+            "step",
+            "share",
+            &cut,
+        ),
+    )?;
     write_text(
         &out.join("rl_response_length.svg"),
         &line_chart(
@@ -1572,7 +1591,7 @@ fn write_report(
         md.push_str(&format!("- {k}: {v:.1}\n"));
     }
     md.push_str(&format!(
-        "\nPlots: rl_reward.svg, rl_kl.svg, rl_entropy.svg, rl_response_length.svg, hit_rates.svg, subtask_rewards.svg{}. Metrics: metrics.jsonl. Configuration: config.toml.\n",
+        "\nPlots: rl_reward.svg, rl_kl.svg, rl_entropy.svg, rl_override.svg, rl_response_length.svg, hit_rates.svg, subtask_rewards.svg{}. Metrics: metrics.jsonl. Configuration: config.toml.\n",
         if out.join("induction.svg").exists() { ", induction.svg" } else { "" }
     ));
     write_text(&out.join("report.md"), &md)

@@ -161,6 +161,12 @@ pub struct RlConfig {
     /// mass among the allowed tokens; this term moves it onto them, so the policy learns to stay
     /// in the grammar without it (free decoding). 0: off.
     pub grammar_distill: f32,
+    /// Score the rollouts that beat their group's mean reward under the full (unconstrained)
+    /// distribution, forced tokens included: their gradient `onehot - pi` moves mass from every
+    /// other token, banned ones too, onto the rewarded answer, so what the grammar found is
+    /// learned by the unconstrained policy (free decoding). The others stay renormalised, so a
+    /// penalty never pushes mass onto banned tokens. Off: every rollout renormalised.
+    pub positive_full: bool,
 }
 
 impl Default for RlConfig {
@@ -208,6 +214,7 @@ impl Default for RlConfig {
             rescore: Rescore::Auto,
             tis_cap: 2.0,
             grammar_distill: 0.0,
+            positive_full: false,
         }
     }
 }
@@ -307,6 +314,24 @@ fn restricted_set(o: &crate::model::generate::GenOutput, t: usize) -> Option<Tok
     }
 }
 
+/// The rollouts whose score beats their group's mean are trained under the full distribution:
+/// no restricted rows, and the tokens the grammar forced back in the loss.
+fn unconstrain_above_mean(rolls: &mut [Rollout]) {
+    let mut sums: BTreeMap<usize, (f32, usize)> = BTreeMap::new();
+    for r in rolls.iter() {
+        let e = sums.entry(r.group).or_insert((0.0, 0));
+        (e.0, e.1) = (e.0 + r.score, e.1 + 1);
+    }
+    for r in rolls.iter_mut() {
+        let (sum, n) = sums[&r.group];
+        if r.score > sum / n as f32 + 1e-6 {
+            let plen = r.restrict.0;
+            r.restrict.1.iter_mut().for_each(|s| *s = None);
+            r.seq.mask.iter_mut().skip(plen).for_each(|m| *m = 1);
+        }
+    }
+}
+
 /// The grammar-distillation term on a minibatch's restricted rows: `coef / nt * sum -log pi(A)`
 /// with `-log pi(A) = logp_c - logp_full` (`logp_rows` holds the restricted `logp_c`). Adds
 /// its gradient to `g_logp` (on `logp_c`) and to `r.full_grad` (on `logp_full`); returns the sum
@@ -369,7 +394,10 @@ fn sampler_logprobs(
                 .logprobs
                 .iter()
                 .enumerate()
-                .filter(|&(t, _)| !outs[i].forced.get(t).copied().unwrap_or(false))
+                .filter(|&(t, _)| {
+                    let plen = rolls[i].restrict.0;
+                    rolls[i].seq.mask.get(plen + t).copied() == Some(1)
+                })
                 .map(|(t, &lp)| {
                     if rolls[i].restrict.1.get(t).is_some_and(Option::is_some) {
                         lp - outs[i].allowed_logmass[t]
@@ -831,6 +859,9 @@ impl<B: Backend> RlTrainer<B> {
                 *s = 0.0;
             }
             r.score = *s;
+        }
+        if cfg.positive_full {
+            unconstrain_above_mean(&mut rolls);
         }
         let n = scores.len().max(1) as f64;
         m.reward_mean = scores.iter().map(|&s| s as f64).sum::<f64>() / n;
@@ -1397,4 +1428,47 @@ pub fn export_policy<B: Backend>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rollout(group: usize, score: f32) -> Rollout {
+        let set = TokenSet::from_fn(8, |t| t < 3);
+        Rollout {
+            group,
+            seq: Sequence {
+                ids: vec![5, 6, 1, 2, 7],
+                // Prompt of 2 tokens, then a free token, a forced one and a restricted one.
+                mask: vec![0, 0, 1, 0, 1],
+                weight: 1.0,
+            },
+            response: vec![1, 2, 7],
+            score,
+            restrict: (2, vec![None, None, Some(set)]),
+        }
+    }
+
+    #[test]
+    fn only_rollouts_above_their_groups_mean_are_unconstrained() {
+        // Group 0: mean 0.5 (one above, one below); group 1: all tie (none above).
+        let mut rolls = vec![
+            rollout(0, 1.0),
+            rollout(0, 0.0),
+            rollout(1, 0.5),
+            rollout(1, 0.5),
+        ];
+        unconstrain_above_mean(&mut rolls);
+        assert_eq!(
+            rolls[0].seq.mask,
+            vec![0, 0, 1, 1, 1],
+            "forced token back in"
+        );
+        assert!(rolls[0].restrict.1.iter().all(Option::is_none));
+        for r in &rolls[1..] {
+            assert_eq!(r.seq.mask, vec![0, 0, 1, 0, 1]);
+            assert!(r.restrict.1[2].is_some());
+        }
+    }
 }
