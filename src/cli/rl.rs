@@ -84,6 +84,10 @@ pub struct RlArgs {
     /// update (teaches the unconstrained policy to stay in the grammar; 0: off).
     #[arg(long)]
     pub grammar_distill: Option<f32>,
+    /// Train the rollouts that beat their group's mean under the full (unconstrained)
+    /// distribution, so the unconstrained policy learns what the grammar found.
+    #[arg(long)]
+    pub positive_full: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -130,6 +134,7 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
         grammar_distill: a
             .grammar_distill
             .unwrap_or(RlConfig::default().grammar_distill),
+        positive_full: a.positive_full,
         ..RlConfig::default()
     };
     if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {
