@@ -236,6 +236,8 @@ impl Default for ReproConfig {
                 max_new_tokens: 128,
                 max_prompt_tokens: 2048,
                 prompt_renames: 2,
+                // Stage 2 stops costing free decoding (notes/learn.md, session 40).
+                positive_full: true,
                 ..RlConfig::default()
             },
             eval: EvalConfig {
@@ -409,6 +411,7 @@ mod tests {
         let d = ReproConfig::default();
         assert_eq!((d.stage2.lora, d.stage2.tis_cap), (0, 2.0));
         assert_eq!(d.stage2.rescore, crate::rft::mismatch::Rescore::Auto);
+        assert!(d.stage2.positive_full && !RlConfig::default().positive_full);
         let f = ReproConfig::load(false, None, &["stage2.lora=4".into()]).unwrap();
         assert_eq!(f.stage2.lora, 4);
         assert!(ReproConfig::load(false, None, &["stage2.rescore=\"maybe\"".into()]).is_err());
