@@ -88,6 +88,10 @@ pub struct RlArgs {
     /// distribution, so the unconstrained policy learns what the grammar found.
     #[arg(long)]
     pub positive_full: bool,
+    /// Dual clip of the policy loss: with a negative advantage the loss is capped at this times
+    /// |A| (0: off; otherwise above 1, e.g. 3).
+    #[arg(long, default_value_t = 0.0)]
+    pub dual_clip: f32,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -135,6 +139,7 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
             .grammar_distill
             .unwrap_or(RlConfig::default().grammar_distill),
         positive_full: a.positive_full,
+        dual_clip: a.dual_clip,
         ..RlConfig::default()
     };
     if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {

@@ -17,6 +17,11 @@ pub struct PolicyLossConfig {
     pub kl_coef: f32,
     /// Estimator of that KL term.
     pub kl_estimator: KlEstimator,
+    /// Dual clip (Ye et al. 2020; veRL's `clip_ratio_c`): with a negative advantage the loss is
+    /// capped at `dual_clip * |A|`, so a token whose ratio ran past `dual_clip` gets no
+    /// gradient instead of one growing with the ratio. 0: off (must otherwise exceed 1).
+    #[serde(default)]
+    pub dual_clip: f32,
 }
 
 /// The policy loss of a minibatch (token mean) and its gradient.
@@ -59,13 +64,16 @@ pub fn policy_loss(
         let a = advantages[t];
         let unclipped = -a * ratio;
         let clipped = -a * ratio.clamp(lo, hi);
-        let (term, grad) = if unclipped >= clipped {
+        let (mut term, mut grad) = if unclipped >= clipped {
             (unclipped, -a * ratio)
         } else {
             // The clipped branch is active: its derivative is zero outside the clip range.
             let inside = ratio > lo && ratio < hi;
             (clipped, if inside { -a * ratio } else { 0.0 })
         };
+        if a < 0.0 && cfg.dual_clip > 1.0 && term > -a * cfg.dual_clip {
+            (term, grad) = (-a * cfg.dual_clip, 0.0);
+        }
         if (ratio < lo && a < 0.0) || (ratio > hi && a > 0.0) {
             out.clip_frac += inv_n;
         }
@@ -152,7 +160,37 @@ mod tests {
             clip_eps: 0.2,
             kl_coef: kl,
             kl_estimator: KlEstimator::K3,
+            dual_clip: 0.0,
         }
+    }
+
+    #[test]
+    fn dual_clip_stops_the_gradient_of_a_runaway_ratio_with_a_negative_advantage() {
+        // Ratios e^2.3 ~ 10 and e^0.5 ~ 1.6, advantages -1 and +1 and -1.
+        let (old, logp, adv) = (
+            [-3.0f32, -3.0, -3.0],
+            [-0.7f32, -0.7, -2.5],
+            [-1.0f32, 1.0, -1.0],
+        );
+        let plain = policy_loss(&cfg(0.0), &logp, &old, &adv, None);
+        let dual = policy_loss(
+            &PolicyLossConfig {
+                dual_clip: 3.0,
+                ..cfg(0.0)
+            },
+            &logp,
+            &old,
+            &adv,
+            None,
+        );
+        // Without it the negative advantage's gradient grows with the ratio (~10 / 3 tokens).
+        assert!(plain.dlogp[0] > 3.0, "{:?}", plain.dlogp);
+        assert_eq!(dual.dlogp[0], 0.0);
+        let r = (2.3f64).exp();
+        assert!((plain.loss - dual.loss - (r - 3.0) / 3.0).abs() < 1e-4);
+        // A positive advantage, and a ratio under the cap, are untouched.
+        assert_eq!(dual.dlogp[1], plain.dlogp[1]);
+        assert_eq!(dual.dlogp[2], plain.dlogp[2]);
     }
 
     #[test]

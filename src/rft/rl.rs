@@ -167,6 +167,8 @@ pub struct RlConfig {
     /// learned by the unconstrained policy (free decoding). The others stay renormalised, so a
     /// penalty never pushes mass onto banned tokens. Off: every rollout renormalised.
     pub positive_full: bool,
+    /// Dual clip of the policy loss ([`crate::rft::ppo::PolicyLossConfig::dual_clip`]; 0: off).
+    pub dual_clip: f32,
 }
 
 impl Default for RlConfig {
@@ -215,6 +217,7 @@ impl Default for RlConfig {
             tis_cap: 2.0,
             grammar_distill: 0.0,
             positive_full: false,
+            dual_clip: 0.0,
         }
     }
 }
@@ -569,6 +572,11 @@ impl<B: Backend> RlTrainer<B> {
             cfg.grammar_distill.is_finite() && cfg.grammar_distill >= 0.0,
             "stage2.grammar_distill must be 0 or positive, got {}",
             cfg.grammar_distill
+        );
+        anyhow::ensure!(
+            cfg.dual_clip == 0.0 || (cfg.dual_clip.is_finite() && cfg.dual_clip > 1.0),
+            "stage2.dual_clip must be 0 (off) or above 1, got {}",
+            cfg.dual_clip
         );
         anyhow::ensure!(
             cfg.tis_cap.is_finite() && cfg.tis_cap > 0.0,
@@ -1049,6 +1057,7 @@ impl<B: Backend> RlTrainer<B> {
                 0.0
             },
             kl_estimator: cfg.kl_estimator,
+            dual_clip: cfg.dual_clip,
         };
         let mut grads = Grads::new(policy, self.lora.as_ref())?;
         let (mut ent_sum, mut ent_n, mut clip_sum, mut akl_sum, mut gn_sum, mut nmb) =
