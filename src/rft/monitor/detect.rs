@@ -92,6 +92,10 @@ pub struct Watch {
     /// Judged on the log scale (multiplicative, heavy-tailed features such as the largest
     /// ratio of a step); the floors are then in natural-log units.
     pub log: bool,
+    /// With `log`, the judged value is `ln(max(x, 0) + shift)` when `shift > 0`: for features
+    /// that start at 0 and grow (KL to the reference), so that steady growth is judged as a
+    /// ratio and a value near 0 is not `-inf`.
+    pub shift: f64,
 }
 
 const fn w(name: &'static str, abs_floor: f64, rel_floor: f64, up: bool, down: bool) -> Watch {
@@ -102,6 +106,7 @@ const fn w(name: &'static str, abs_floor: f64, rel_floor: f64, up: bool, down: b
         up,
         down,
         log: false,
+        shift: 0.0,
     }
 }
 
@@ -114,6 +119,20 @@ const fn wlog(name: &'static str, abs_floor: f64, up: bool, down: bool) -> Watch
         up,
         down,
         log: true,
+        shift: 0.0,
+    }
+}
+
+/// A feature that starts at 0 and grows judged as `ln(max(x, 0) + shift)` (see [`Watch::shift`]).
+const fn wlog_shift(name: &'static str, abs_floor: f64, shift: f64, up: bool) -> Watch {
+    Watch {
+        name,
+        abs_floor,
+        rel_floor: 0.0,
+        up,
+        down: false,
+        log: true,
+        shift,
     }
 }
 
@@ -122,6 +141,8 @@ impl Watch {
     pub fn judged(&self, x: f64) -> Option<f64> {
         if !x.is_finite() {
             None
+        } else if self.log && self.shift > 0.0 {
+            Some((x.max(0.0) + self.shift).ln())
         } else if self.log {
             (x > 0.0).then(|| x.ln())
         } else {
@@ -161,21 +182,26 @@ pub fn judged_record(r: &StepRecord) -> std::borrow::Cow<'_, StepRecord> {
     std::borrow::Cow::Owned(out)
 }
 
-/// The features RFT-FM watches, with noise floors set for batches of a few dozen responses.
+/// The features RFT-FM watches, with noise floors set for batches of a few to a few dozen
+/// responses: the mean and spread of a handful of 0/1-ish rewards move by 0.25 between healthy
+/// steps, the gradient norm by a factor of e; the entropy is judged on the log scale (a collapse
+/// is a fall by a factor, a healthy run at lr 1e-3 drifts by a third). KL to the reference
+/// grows steadily from 0 in a healthy run (roughly by 0.1 a step at lr 1e-3), so it is judged on
+/// the log scale, shifted by 0.05: a doubling is ordinary, a tenfold jump is not.
 pub const WATCHED: &[Watch] = &[
-    w("reward_mean", 0.1, 0.0, true, true),
-    w("reward_std", 0.1, 0.0, true, true),
+    w("reward_mean", 0.25, 0.0, true, true),
+    w("reward_std", 0.25, 0.0, true, true),
     w("zero_std_frac", 0.3, 0.0, true, false),
     w("prompt_unique_frac", 0.1, 0.0, false, true),
-    w("entropy", 0.05, 0.08, true, true),
-    w("surprisal", 0.05, 0.08, true, true),
-    w("kl", 0.05, 0.5, true, false),
-    w("kl_k3", 0.05, 0.5, true, false),
+    wlog("entropy", 0.25, true, true),
+    wlog("surprisal", 0.25, true, true),
+    wlog_shift("kl", 0.7, KL_SHIFT, true),
+    wlog_shift("kl_k3", 0.7, KL_SHIFT, true),
     w("clip_frac", 0.05, 0.5, true, true),
     wlog("max_ratio", 0.5, true, false),
     w("approx_kl", 0.02, 0.5, true, false),
     w("logprob_mismatch", 0.02, 0.5, true, false),
-    wlog("grad_norm", 0.4, true, true),
+    wlog("grad_norm", 1.0, true, true),
     w("response_len", 1.0, 0.2, true, true),
     w("trunc_rate", 0.15, 0.0, true, false),
     w("repetition", 0.1, 0.0, true, false),
@@ -188,6 +214,9 @@ pub const WATCHED: &[Watch] = &[
     w("sandbox_error_rate", 0.05, 0.0, true, false),
     w("timeout_rate", 0.05, 0.0, true, false),
 ];
+
+/// The shift of the KL features' log scale (see [`Watch::shift`]).
+pub const KL_SHIFT: f64 = 0.05;
 
 /// Settings read by the hard rules: they jump rather than drift.
 pub const SETTINGS: &[&str] = &["lr", "kl_coef", "clip_eps", "temperature"];
@@ -249,7 +278,16 @@ pub struct RobustDetector {
     spread_seen: bool,
     /// Consecutive steps whose every reward was 0.
     zero_run: usize,
+    /// Steps with rewards seen so far, and how many of them had every reward 0 (the chance of
+    /// an all-zero step of this run, for the silent-scorer rule).
+    scored: usize,
+    /// See `scored`.
+    zeros: usize,
 }
+
+/// Chance, under the run's own rate of all-zero steps, below which a run of all-zero steps is
+/// judged a silent scorer rather than bad luck.
+const SILENT_ALPHA: f64 = 0.01;
 
 /// Reward spread (standard deviation) of a healthy step that shows the scorer discriminates.
 const SPREAD: f64 = 0.05;
@@ -288,6 +326,8 @@ impl RobustDetector {
             settings: BTreeMap::new(),
             spread_seen: false,
             zero_run: 0,
+            scored: 0,
+            zeros: 0,
         }
     }
 
@@ -298,19 +338,40 @@ impl RobustDetector {
         self.settings.clear();
         self.spread_seen = false;
         self.zero_run = 0;
+        self.scored = 0;
+        self.zeros = 0;
     }
 
     /// The silent-scorer rule: every reward 0 for `silent_steps` steps in a row after a healthy
-    /// step with reward spread. Counts the run of all-zero steps.
+    /// step with reward spread, and for long enough that the run's own rate of all-zero steps
+    /// before (Laplace-smoothed) makes such a run less likely than [`SILENT_ALPHA`]: a policy
+    /// that often scores nothing on a small batch is not a silent scorer after three zeros.
+    /// Counts the run of all-zero steps.
     fn silent_scorer(&mut self, r: &StepRecord, out: &mut Vec<Signal>) {
         let zero = |k: &str| r.get(k).is_some_and(|x| x.abs() < 1e-12);
         if zero("reward_min") && zero("reward_max") {
             self.zero_run += 1;
+            self.scored += 1;
+            self.zeros += 1;
         } else if r.get("reward_max").is_some() {
             self.zero_run = 0;
+            self.scored += 1;
         }
         let n = self.cfg.silent_steps;
-        if n > 0 && self.spread_seen && self.zero_run >= n {
+        if n == 0 || !self.spread_seen {
+            return;
+        }
+        // The rate of all-zero steps before the current run of them.
+        let before = self.scored.saturating_sub(self.zero_run);
+        let zeros_before = self.zeros.saturating_sub(self.zero_run);
+        let p0 = (zeros_before as f64 + 1.0) / (before as f64 + 2.0);
+        let needed = (SILENT_ALPHA.ln() / p0.ln()).ceil();
+        let needed = if needed.is_finite() && needed > 0.0 {
+            (needed as usize).max(n)
+        } else {
+            n
+        };
+        if self.zero_run >= needed {
             out.push(Signal {
                 feature: "scorer_silent".into(),
                 dir: Dir::Up,
@@ -456,6 +517,12 @@ pub struct DetectorState {
     pub spread_seen: bool,
     /// Consecutive steps whose every reward was 0.
     pub zero_run: usize,
+    /// Steps with rewards seen.
+    #[serde(default)]
+    pub scored: usize,
+    /// Of them, steps whose every reward was 0.
+    #[serde(default)]
+    pub zeros: usize,
 }
 
 fn watched_name(name: &str) -> anyhow::Result<&'static str> {
@@ -488,6 +555,8 @@ impl RobustDetector {
                 .collect(),
             spread_seen: self.spread_seen,
             zero_run: self.zero_run,
+            scored: self.scored,
+            zeros: self.zeros,
         }
     }
 
@@ -507,6 +576,8 @@ impl RobustDetector {
         }
         self.spread_seen = s.spread_seen;
         self.zero_run = s.zero_run;
+        self.scored = s.scored;
+        self.zeros = s.zeros;
         Ok(())
     }
 }
@@ -865,6 +936,112 @@ mod tests {
         assert!(b.restore(&bad).unwrap_err().to_string().contains("nope"));
     }
 
+    /// Steps of a clean 6-step bench run at lr 1e-3 (seed 1's `reward_stale_truth` clean
+    /// twin, rounded): KL to the reference grows from 0, the gradient norm swings by 25x, the
+    /// rewards of four prompts jump by 0.25-0.5, the entropy by a third.
+    fn bench_clean(step: usize, kl: f64) -> StepRecord {
+        let i = step - 1;
+        let reward = [0.25, 0.5, 0.25, 0.0, 0.5, 0.25][i % 6];
+        let std = [0.433, 0.5, 0.433, 0.0, 0.5, 0.433][i % 6];
+        rec(
+            step,
+            &[
+                ("kl", kl),
+                ("kl_k3", kl * 0.9),
+                ("entropy", [0.502, 0.287, 0.397, 0.601, 0.338, 0.481][i % 6]),
+                (
+                    "grad_norm",
+                    [0.684, 0.052, 0.680, 0.086, 1.295, 1.152][i % 6],
+                ),
+                ("reward_mean", reward),
+                ("reward_std", std),
+                ("reward_min", 0.0),
+                ("reward_max", if std > 0.0 { 1.0 } else { 0.0 }),
+            ],
+        )
+    }
+
+    const CLEAN_KL: [f64; 6] = [0.0, 0.028, 0.210, 0.496, 0.651, 0.32];
+
+    #[test]
+    fn steady_kl_growth_is_quiet_and_a_kl_blow_up_is_caught() {
+        // Clean: KL 0 -> 0.65 over six steps (0.50 against a 3-step baseline of median 0.03
+        // was a 9-sigma KL alarm on the linear scale) raises nothing.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for (i, kl) in CLEAN_KL.iter().enumerate() {
+            let a = d.observe(&bench_clean(i + 1, *kl));
+            assert!(a.is_none(), "clean step {}: {a:?}", i + 1);
+        }
+        // The same run going on with KL levelling off at ~0.65, then blowing up to 30 at step
+        // 10 (lr too high, KL coefficient gone: the bench's lr fault takes KL from 0.4 to 10-17
+        // in one step; a 10x jump is within the log scale's noise floor after a 6-step rise).
+        let mut d = RobustDetector::new(RobustConfig::default());
+        let mut caught = None;
+        let kls = CLEAN_KL.iter().chain(&[0.65, 0.67, 0.70, 30.0]);
+        for (i, kl) in kls.enumerate() {
+            if let Some(a) = d.observe(&bench_clean(i + 1, *kl)) {
+                caught.get_or_insert(a);
+            }
+        }
+        let a = caught.expect("a KL blow-up is caught");
+        assert_eq!(a.step, 10);
+        assert!(a.has("kl", Dir::Up) && a.has("kl_k3", Dir::Up), "{a:?}");
+        // On the log scale a value at 0 (or a k1 estimate slightly below it) stays finite.
+        let kl = WATCHED.iter().find(|w| w.name == "kl").expect("kl watched");
+        assert!(kl.judged(-1e-8).is_some_and(f64::is_finite));
+    }
+
+    #[test]
+    fn tiny_batch_noise_is_quiet_and_big_jumps_still_alarm() {
+        // Clean: two cycles of the bench's noisy rewards, gradient norms and entropies.
+        let kl = |s: usize| 0.1 * s as f64;
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=12 {
+            let a = d.observe(&bench_clean(s, kl(s)));
+            assert!(a.is_none(), "clean step {s}: {a:?}");
+        }
+        // Planted: a gradient norm of 1e5 (against clean ones swinging from 0.05 to 1.3),
+        // an entropy collapse to 0.02, rewards of mean 5 (reward scale).
+        let cases: [(&str, f64, &str, Dir); 3] = [
+            ("grad_norm", 1e5, "grad_norm", Dir::Up),
+            ("entropy", 0.02, "entropy", Dir::Down),
+            ("reward_mean", 5.0, "reward_mean", Dir::Up),
+        ];
+        for (key, x, feature, dir) in cases {
+            let mut d = RobustDetector::new(RobustConfig::default());
+            for s in 1..=4 {
+                assert!(d.observe(&bench_clean(s, kl(s))).is_none());
+            }
+            let mut r = bench_clean(5, kl(5));
+            r.values.insert(key.to_string(), x);
+            let a = d.observe(&r).expect("the jump alarms");
+            assert!(a.has(feature, dir), "{key}: {a:?}");
+        }
+    }
+
+    #[test]
+    fn a_sparse_scorer_is_not_silent_but_a_scorer_that_always_spread_is() {
+        // A policy that scores nothing on many small batches: zero, spread, then four zeros.
+        // Half its steps before the zeros were all-zero, so four more are bad luck, not a fault.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        assert!(d.observe(&silent(1)).is_none());
+        assert!(d.observe(&scored(2)).is_none());
+        for s in 3..=6 {
+            let a = d.observe(&silent(s));
+            assert!(a.is_none(), "step {s}: {a:?}");
+        }
+        // A scorer whose every one of 10 steps had rewards goes silent: caught after 3 zeros
+        // (the minimum, `silent_steps`).
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=10 {
+            assert!(d.observe(&scored(s)).is_none());
+        }
+        assert!(d.observe(&silent(11)).is_none());
+        assert!(d.observe(&silent(12)).is_none());
+        let a = d.observe(&silent(13)).expect("silent scorer caught");
+        assert!(a.has("scorer_silent", Dir::Up));
+    }
+
     #[test]
     fn robust_z_catches_a_jump_after_warm_up_only() {
         let mut d = RobustDetector::new(RobustConfig::default());
@@ -953,10 +1130,10 @@ mod tests {
                 "step {s}"
             );
         }
-        // Two large steps in a row (z 4.8, under the z threshold) still accumulate: the
-        // CUSUM's job.
-        assert!(d.observe(&rec(15, &[("entropy", 0.44)])).is_none());
-        let a = d.observe(&rec(16, &[("entropy", 0.44)])).unwrap();
+        // Two large steps in a row (x3.1, z 4.5 on the log scale, under the z threshold) still
+        // accumulate: the CUSUM's job.
+        assert!(d.observe(&rec(15, &[("entropy", 0.62)])).is_none());
+        let a = d.observe(&rec(16, &[("entropy", 0.62)])).unwrap();
         assert_eq!(a.signals[0].rule, Rule::Cusum);
     }
 
