@@ -270,13 +270,13 @@ fn sampled_reward(
 /// the grammar mostly made out of the loss (`min_allowed_mass` 0.5: 0.25 -> 0.33) would not.
 #[test]
 fn grpo_raises_the_sampled_reward_on_file_localization() {
-    let data = tempfile::tempdir().unwrap();
-    let items = file_items(data.path());
-    let mdir = tempfile::tempdir().unwrap();
-    init_model(Preset::Tiny, mdir.path(), 7, &[EMBEDDED_CORPUS.to_string()]).unwrap();
-    let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
-    let tok = tok.unwrap();
-    let (reference, _) = load_dir(&Cpu, mdir.path()).unwrap();
+    let FileSetup {
+        items,
+        mut policy,
+        reference,
+        tok,
+        ..
+    } = file_setup();
     let cfg = file_config(24);
     let before = sampled_reward(&policy, &tok, &items, &cfg, 24);
     let mut tr = RlTrainer::new(&policy, &tok, &items, cfg.clone()).unwrap();
@@ -322,25 +322,10 @@ fn file_config(steps: usize) -> RlConfig {
 /// Dropping the term's gradient (or its full-distribution half) would not.
 #[test]
 fn grammar_distillation_moves_the_policys_mass_onto_what_the_grammar_allows() {
-    let (off, on) = (
-        file_run(file_config(6)),
-        file_run(RlConfig {
-            grammar_distill: 5.0,
-            ..file_config(6)
-        }),
-    );
-    let cut = |m: &sorft::rft::rl::RlMetrics| m.override_mass.get("file").copied().unwrap_or(0.0);
-    for (a, b) in off.iter().zip(&on) {
-        eprintln!(
-            "step {}: override off {:.3} on {:.3}, -log pi(A) off {:.3} on {:.3}",
-            a.step,
-            cut(a),
-            cut(b),
-            a.distill_loss,
-            b.distill_loss
-        );
-    }
-    assert_eq!(cut(&off[0]), cut(&on[0]), "the first rollouts differ");
+    let (off, on) = off_and_on(RlConfig {
+        grammar_distill: 5.0,
+        ..file_config(6)
+    });
     assert!(on[0].distill_loss > 0.1, "{}", on[0].distill_loss);
     // The term trains the rows where the grammar left a choice (`-log pi(A)` there), and the
     // banned share over every constrained step (forced ones too) follows.
@@ -359,18 +344,72 @@ fn grammar_distillation_moves_the_policys_mass_onto_what_the_grammar_allows() {
     );
 }
 
-/// The step metrics of a run of `cfg` on [`file_items`] from the tiny model of seed 7.
-fn file_run(cfg: RlConfig) -> Vec<sorft::rft::rl::RlMetrics> {
+/// The share of probability the grammar banned in a step's file-localization rollouts.
+fn cut(m: &sorft::rft::rl::RlMetrics) -> f64 {
+    m.override_mass.get("file").copied().unwrap_or(0.0)
+}
+
+/// The step metrics of a run without and with a variant.
+type Runs = (
+    Vec<sorft::rft::rl::RlMetrics>,
+    Vec<sorft::rft::rl::RlMetrics>,
+);
+
+/// [`file_run`] of [`file_config`]`(6)` and of `variant`, printed side by side; their first
+/// rollouts (same policy, same seeds) must agree.
+fn off_and_on(variant: RlConfig) -> Runs {
+    let (off, on) = (file_run(file_config(6)), file_run(variant));
+    for (a, b) in off.iter().zip(&on) {
+        eprintln!(
+            "step {}: override off {:.3} on {:.3}, -log pi(A) off {:.3} on {:.3}, reward off {:.3} on {:.3}",
+            a.step,
+            cut(a),
+            cut(b),
+            a.distill_loss,
+            b.distill_loss,
+            a.reward_mean,
+            b.reward_mean
+        );
+    }
+    assert_eq!(cut(&off[0]), cut(&on[0]), "the first rollouts differ");
+    (off, on)
+}
+
+/// The tiny model of seed 7 (policy, reference, tokenizer) and [`file_items`], with the
+/// temporary folders they live in.
+struct FileSetup {
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    items: Vec<RlItem>,
+    policy: sorft::model::Model<Cpu>,
+    reference: sorft::model::Model<Cpu>,
+    tok: sorft::model::Tokenizer,
+}
+
+fn file_setup() -> FileSetup {
     let data = tempfile::tempdir().unwrap();
     let items = file_items(data.path());
     let mdir = tempfile::tempdir().unwrap();
     init_model(Preset::Tiny, mdir.path(), 7, &[EMBEDDED_CORPUS.to_string()]).unwrap();
-    let (mut policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
-    let tok = tok.unwrap();
+    let (policy, tok) = load_dir(&Cpu, mdir.path()).unwrap();
     let (reference, _) = load_dir(&Cpu, mdir.path()).unwrap();
-    let mut tr = RlTrainer::new(&policy, &tok, &items, cfg.clone()).unwrap();
+    FileSetup {
+        _dirs: (data, mdir),
+        items,
+        policy,
+        reference,
+        tok: tok.unwrap(),
+    }
+}
+
+/// The step metrics of a run of `cfg` on [`file_items`] from the tiny model of seed 7.
+fn file_run(cfg: RlConfig) -> Vec<sorft::rft::rl::RlMetrics> {
+    let mut s = file_setup();
+    let mut tr = RlTrainer::new(&s.policy, &s.tok, &s.items, cfg.clone()).unwrap();
     (1..=cfg.steps)
-        .map(|_| tr.step(&mut policy, &reference, &tok, &items).unwrap())
+        .map(|_| {
+            tr.step(&mut s.policy, &s.reference, &s.tok, &s.items)
+                .unwrap()
+        })
         .collect()
 }
 
@@ -379,25 +418,10 @@ fn file_run(cfg: RlConfig) -> Vec<sorft::rft::rl::RlMetrics> {
 /// to ban falls below the same run's with every rollout renormalised.
 #[test]
 fn positive_rollouts_under_the_full_distribution_teach_the_unconstrained_policy() {
-    let (off, on) = (
-        file_run(file_config(6)),
-        file_run(RlConfig {
-            positive_full: true,
-            ..file_config(6)
-        }),
-    );
-    let cut = |m: &sorft::rft::rl::RlMetrics| m.override_mass.get("file").copied().unwrap_or(0.0);
-    for (a, b) in off.iter().zip(&on) {
-        eprintln!(
-            "step {}: override off {:.3} on {:.3}, reward off {:.3} on {:.3}",
-            a.step,
-            cut(a),
-            cut(b),
-            a.reward_mean,
-            b.reward_mean
-        );
-    }
-    assert_eq!(cut(&off[0]), cut(&on[0]), "the first rollouts differ");
+    let (off, on) = off_and_on(RlConfig {
+        positive_full: true,
+        ..file_config(6)
+    });
     assert!(
         cut(&on[5]) < cut(&off[5]) - 0.03,
         "override mass {:.3} renormalised, {:.3} with positive rollouts in full",
