@@ -126,13 +126,8 @@ const fn wlog(name: &'static str, abs_floor: f64, up: bool, down: bool) -> Watch
 /// A feature that starts at 0 and grows judged as `ln(max(x, 0) + shift)` (see [`Watch::shift`]).
 const fn wlog_shift(name: &'static str, abs_floor: f64, shift: f64, up: bool) -> Watch {
     Watch {
-        name,
-        abs_floor,
-        rel_floor: 0.0,
-        up,
-        down: false,
-        log: true,
         shift,
+        ..wlog(name, abs_floor, up, false)
     }
 }
 
