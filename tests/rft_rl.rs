@@ -455,3 +455,45 @@ fn file_items(dir: &std::path::Path) -> Vec<RlItem> {
     })
     .collect()
 }
+
+/// `free_per_group`: the first members of each group decode without the answer grammar, the
+/// others with it. The tiny model's free answers are mostly unparsable or invented; the
+/// grammar's never are.
+#[test]
+fn the_first_members_of_each_group_decode_without_the_grammar() {
+    use sorft::swe::reward::ZeroReason;
+    use sorft::swe::subtask::EditReward;
+    let mut s = file_setup();
+    let cfg = RlConfig {
+        free_per_group: 4,
+        ..file_config(1)
+    };
+    let mut tr = RlTrainer::new(&s.policy, &s.tok, &s.items, cfg.clone()).unwrap();
+    tr.step(&mut s.policy, &s.reference, &s.tok, &s.items)
+        .unwrap();
+    assert_eq!(
+        tr.last_rollouts.len(),
+        cfg.prompts_per_step * cfg.group_size
+    );
+    let (mut free_bad, mut constrained_bad) = (0, 0);
+    for (j, r) in tr.last_rollouts.iter().enumerate() {
+        let why = s.items[0]
+            .record
+            .reward(&r.response, EditReward::LineFbeta)
+            .zero_reason;
+        let bad = matches!(
+            why,
+            Some(ZeroReason::EmptyAnswer | ZeroReason::InventedTarget { .. })
+        );
+        if j % cfg.group_size < cfg.free_per_group {
+            free_bad += usize::from(bad);
+        } else {
+            constrained_bad += usize::from(bad);
+        }
+    }
+    assert_eq!(constrained_bad, 0, "a constrained answer left the grammar");
+    assert!(
+        free_bad >= 4,
+        "only {free_bad} of 16 free answers left the grammar"
+    );
+}

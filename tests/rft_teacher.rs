@@ -4,22 +4,23 @@
 use std::collections::BTreeMap;
 
 use sorft::rft::eval::edit_to_patch;
-use sorft::rft::teacher::{rejection_filter, BuiltinTeacher, Teacher, TeacherItem, CANNOT_FIX};
+use sorft::rft::teacher::{
+    rejection_filter, sample_per_subtask, BuiltinTeacher, Teacher, TeacherItem, CANNOT_FIX,
+};
 use sorft::swe::repo::RepoStore;
-use sorft::swe::subtask::{training_records, EditReward, SubtaskRecord};
+use sorft::swe::subtask::{training_records, EditReward, Subtask, SubtaskRecord};
 use sorft::swe::synth::{generate, SynthConfig};
 use sorft::swe::truth::ground_truth;
 
-#[test]
-fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples() {
-    let dir = tempfile::tempdir().unwrap();
+/// Subtask records (with their issue texts) of four generated instances.
+fn records(dir: &std::path::Path) -> Vec<(SubtaskRecord, String)> {
     let cfg = SynthConfig {
         n: 4,
         seed: 11,
         ..Default::default()
     };
-    let report = generate(&cfg, dir.path(), &|_| {}).unwrap();
-    let store = RepoStore::new(dir.path().join("repos"));
+    let report = generate(&cfg, dir, &|_| {}).unwrap();
+    let store = RepoStore::new(dir.join("repos"));
     let mut records: Vec<(SubtaskRecord, String)> = Vec::new();
     for inst in &report.instances {
         let snap = store.snapshot(&inst.repo, &inst.base_commit).unwrap();
@@ -28,6 +29,45 @@ fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples
             records.push((r, inst.problem_statement.clone()));
         }
     }
+    records
+}
+
+#[test]
+fn edit_prompts_get_their_own_sample_count_and_the_others_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = records(dir.path());
+    let items: Vec<TeacherItem> = records
+        .iter()
+        .map(|(r, p)| TeacherItem {
+            record: r,
+            problem: p,
+        })
+        .collect();
+    let mut t = BuiltinTeacher::default();
+    let plain = sample_per_subtask(&mut t, &items, 3, 0, 5).unwrap();
+    let more = sample_per_subtask(&mut t, &items, 3, 9, 5).unwrap();
+    let mut edits = 0;
+    for ((item, a), b) in items.iter().zip(&plain).zip(&more) {
+        assert_eq!(a.len(), 3);
+        if item.record.subtask == Subtask::Edit {
+            edits += 1;
+            assert_eq!(b.len(), 9);
+            assert_eq!(
+                &b[..3],
+                &a[..],
+                "the first samples changed with the edit count"
+            );
+        } else {
+            assert_eq!(a, b, "a localization prompt's samples changed");
+        }
+    }
+    assert!(edits > 0);
+}
+
+#[test]
+fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = records(dir.path());
     assert!(records.len() >= 8);
     let items: Vec<TeacherItem> = records
         .iter()

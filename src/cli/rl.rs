@@ -92,6 +92,10 @@ pub struct RlArgs {
     /// |A| (0: off; otherwise above 1, e.g. 3).
     #[arg(long, default_value_t = 0.0)]
     pub dual_clip: f32,
+    /// Members of each group sampled without the answer grammar (the rest with it; 0: all
+    /// constrained).
+    #[arg(long, default_value_t = 0)]
+    pub free_per_group: usize,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -140,6 +144,7 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
             .unwrap_or(RlConfig::default().grammar_distill),
         positive_full: a.positive_full,
         dual_clip: a.dual_clip,
+        free_per_group: a.free_per_group,
         ..RlConfig::default()
     };
     if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {

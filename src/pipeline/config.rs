@@ -140,6 +140,9 @@ impl Default for ModelSection {
 pub struct Stage1Config {
     /// Teacher samples per subtask prompt.
     pub samples_per_prompt: usize,
+    /// Teacher samples per edit prompt (0: `samples_per_prompt`). Edits are the rarest accepted
+    /// answers (a right line and a right change, checked in the sandbox), so they get more tries.
+    pub edit_samples: usize,
     /// Softness of the built-in teacher.
     pub teacher_temperature: f64,
     /// SFT epochs.
@@ -178,6 +181,7 @@ impl Default for Stage1Config {
     fn default() -> Self {
         Self {
             samples_per_prompt: 4,
+            edit_samples: 0,
             teacher_temperature: 0.7,
             epochs: 4,
             lr: 2e-3,

@@ -320,7 +320,13 @@ pub fn standalone<B: Backend>(
         temperature: cfg.stage1.teacher_temperature,
     };
     progress(format!("rejection sampling again: {} prompts", items.len()));
-    let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
+    let samples = crate::rft::teacher::sample_per_subtask(
+        &mut teacher,
+        &items,
+        cfg.stage1.samples_per_prompt,
+        cfg.stage1.edit_samples,
+        cfg.seed,
+    )?;
     // The same acceptance as the run's stage 1 (execution in the sandbox by default).
     let data = run.dir.join("data");
     let train_instances = read_jsonl(&data.join("train.jsonl"))?;

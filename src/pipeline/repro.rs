@@ -32,7 +32,7 @@ use crate::rft::regression::RegressionSuites;
 use crate::rft::rl::{zero_reason_name, RlItem, RlMetrics};
 use crate::rft::rl_run::RlRun;
 use crate::rft::teacher::{
-    rejection_filter_checked, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
+    rejection_filter_checked, sample_per_subtask, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
 };
 use crate::swe::instance::{write_jsonl, Instance};
 use crate::swe::repo::{RepoStore, Snapshot};
@@ -806,7 +806,13 @@ pub fn run_repro<B: Backend>(
     };
     let (kept_idx, acceptance, curation_md, failforge_md) = match cfg.stage1.curation {
         crate::rft::p2t::Curation::Rejection => {
-            let samples = teacher.sample(&items, cfg.stage1.samples_per_prompt, cfg.seed)?;
+            let samples = sample_per_subtask(
+                &mut teacher,
+                &items,
+                cfg.stage1.samples_per_prompt,
+                cfg.stage1.edit_samples,
+                cfg.seed,
+            )?;
             let executed = stage1_execution(cfg, &items, &samples, &train, &data.join("repos"))?;
             let (mut k, a) = rejection_filter_checked(
                 &items,

@@ -169,6 +169,11 @@ pub struct RlConfig {
     pub positive_full: bool,
     /// Dual clip of the policy loss ([`crate::rft::ppo::PolicyLossConfig::dual_clip`]; 0: off).
     pub dual_clip: f32,
+    /// With `constrain`: the first this many members of each group are sampled without the
+    /// answer grammar (free decoding, scored under the full distribution), the rest with it, so a
+    /// group compares what the free policy says against what the grammar finds. 0: all
+    /// constrained; `group_size` or more: none (as `constrain = false`).
+    pub free_per_group: usize,
 }
 
 impl Default for RlConfig {
@@ -218,6 +223,7 @@ impl Default for RlConfig {
             grammar_distill: 0.0,
             positive_full: false,
             dual_clip: 0.0,
+            free_per_group: 0,
         }
     }
 }
@@ -753,7 +759,11 @@ impl<B: Backend> RlTrainer<B> {
                         _ => tok.stop_ids(),
                     },
                     stop_strings: Vec::new(),
-                    constraint: constraint.clone(),
+                    constraint: if k < cfg.free_per_group {
+                        None
+                    } else {
+                        constraint.clone()
+                    },
                     min_allowed_mass: cfg.min_allowed_mass,
                 });
             }

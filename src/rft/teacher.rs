@@ -537,6 +537,27 @@ pub struct Acceptance {
     pub kept: usize,
 }
 
+/// Teacher samples, `k` per prompt and `k_edit` per edit prompt (0: `k`). A teacher draws a
+/// prompt's samples from one stream, so the first `k` are the same whatever `k_edit` is.
+pub fn sample_per_subtask(
+    teacher: &mut dyn Teacher,
+    items: &[TeacherItem<'_>],
+    k: usize,
+    k_edit: usize,
+    seed: u64,
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let k_edit = if k_edit == 0 { k } else { k_edit };
+    let mut samples = teacher.sample(items, k.max(k_edit), seed)?;
+    for (item, outs) in items.iter().zip(samples.iter_mut()) {
+        outs.truncate(if item.record.subtask == Subtask::Edit {
+            k_edit
+        } else {
+            k
+        });
+    }
+    Ok(samples)
+}
+
 /// Rejection sampling: keeps the samples whose final answer passes the ground-truth filter
 /// (localization: overlaps ground truth; edit: applies and touches a ground-truth line, i.e. a
 /// positive reward), without duplicates; returns chat examples and per-subtask statistics.
