@@ -222,10 +222,7 @@ impl Detector for AlwaysAlarm {
         "always"
     }
     fn observe(&mut self, r: &StepRecord) -> Option<sorft::rft::monitor::detect::Alarm> {
-        Some(sorft::rft::monitor::detect::Alarm {
-            step: r.step,
-            signals: Vec::new(),
-        })
+        Some(sorft::rft::monitor::detect::Alarm::new(r.step, Vec::new()))
     }
 }
 

@@ -52,7 +52,12 @@ pub struct FaultbenchArgs {
     /// Re-run the test seeds' faults with remediation (default: on for the full benchmark).
     #[arg(long)]
     pub remediation: Option<bool>,
-    /// Only the remediation phase, on the records already under --out (tuned on them).
+    /// Also re-run the faults no remediation can fix in the remediation phase (to count the
+    /// runs the monitor stops with a report).
+    #[arg(long)]
+    pub rerun_unrecoverable: bool,
+    /// Only the remediation phase, on the records already under --out (tuned on them); with
+    /// --faults, only those faults' runs are re-run.
     #[arg(long, conflicts_with = "score_only")]
     pub remediate_only: bool,
     /// New tokens per response (default 96; the constrained answer gets half).
@@ -187,6 +192,7 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
     if let Some(r) = a.remediation {
         cfg.remediation = r;
     }
+    cfg.rerun_unrecoverable |= a.rerun_unrecoverable;
     if let Some(s) = &a.shard {
         cfg.shard = shard(s)?;
     }

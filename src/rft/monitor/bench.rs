@@ -922,7 +922,8 @@ pub fn load_records(out: &Path) -> anyhow::Result<Vec<RunRecord>> {
         .collect())
 }
 
-/// Re-runs the test seeds' faulty runs of `records` with the monitor remediating (detector
+/// Re-runs the test seeds' faulty runs of `records` whose fault is in `cfg.faults` (and
+/// recoverable, unless `cfg.rerun_unrecoverable`) with the monitor remediating (detector
 /// `robust`), each against its clean twin; writes `runs/<id>-remediate`.
 #[allow(clippy::too_many_arguments)]
 pub fn remediate_phase<B: Backend>(
@@ -947,9 +948,9 @@ pub fn remediate_phase<B: Backend>(
         .iter()
         .filter(|r| r.spec.split == Split::Test)
         .filter(|r| {
-            r.spec
-                .fault
-                .is_some_and(|f| f.recoverable() || cfg.rerun_unrecoverable)
+            r.spec.fault.is_some_and(|f| {
+                cfg.faults.contains(&f) && (f.recoverable() || cfg.rerun_unrecoverable)
+            })
         })
         .collect();
     for (i, r) in faulty.iter().enumerate() {

@@ -57,14 +57,36 @@ pub struct Alarm {
     pub step: usize,
     /// The anomalous features, strongest first.
     pub signals: Vec<Signal>,
+    /// The robust z-score of every watched feature with a baseline at this step, under the
+    /// threshold or not: sub-threshold evidence for the diagnosis (a length that fell by 4.5
+    /// sigma while the truncation rule fired). Empty for the baseline detectors.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub context: BTreeMap<String, f64>,
 }
 
 impl Alarm {
+    /// An alarm of `signals` at `step` without sub-threshold context.
+    pub fn new(step: usize, signals: Vec<Signal>) -> Self {
+        Self {
+            step,
+            signals,
+            context: BTreeMap::new(),
+        }
+    }
+
     /// The signal of `feature` in direction `dir`, if any.
     pub fn has(&self, feature: &str, dir: Dir) -> bool {
         self.signals
             .iter()
             .any(|s| s.feature == feature && s.dir == dir)
+    }
+
+    /// Whether `feature` moved in direction `dir` by more than `min_z` robust z units at this
+    /// step (sub-threshold included), or raised a signal that way.
+    pub fn leans(&self, feature: &str, dir: Dir, min_z: f64) -> bool {
+        let z = self.context.get(feature).copied().unwrap_or(0.0);
+        let zd = if dir == Dir::Up { z } else { -z };
+        zd > min_z || self.has(feature, dir)
     }
 }
 
@@ -278,6 +300,8 @@ pub struct RobustDetector {
     scored: usize,
     /// See `scored`.
     zeros: usize,
+    /// The z-scores of the current step (see [`Alarm::context`]).
+    context: BTreeMap<String, f64>,
 }
 
 /// Chance, under the run's own rate of all-zero steps, below which a run of all-zero steps is
@@ -286,6 +310,19 @@ const SILENT_ALPHA: f64 = 0.01;
 
 /// Reward spread (standard deviation) of a healthy step that shows the scorer discriminates.
 const SPREAD: f64 = 0.05;
+
+/// A z-score or CUSUM sum must exceed its limit by more than this to alarm. Rate features move
+/// in whole responses (k of n), and a noise floor can put one such move exactly on the limit
+/// (3 truncated responses of 4 over the floor 0.15 is 5.0 sigma): whether it alarms must not be
+/// decided by the rounding of `0.75 / 0.15` to `5.000000000000001`.
+pub const LIMIT_TIE: f64 = 1e-9;
+
+/// Correlation between a step's per-sequence advantages and rewards below which the advantages
+/// have the wrong sign. With advantages baselined within each group (GRPO, RLOO) the covariance
+/// is a sum of within-group covariances, each >= 0 (the between-group term vanishes because
+/// every group's advantages sum to 0), so a clearly negative correlation is a sign bug, not
+/// noise; a step whose groups all tied has correlation 0.
+pub const ADV_ANTI_CORR: f64 = -0.25;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -323,6 +360,7 @@ impl RobustDetector {
             zero_run: 0,
             scored: 0,
             zeros: 0,
+            context: BTreeMap::new(),
         }
     }
 
@@ -335,6 +373,7 @@ impl RobustDetector {
         self.zero_run = 0;
         self.scored = 0;
         self.zeros = 0;
+        self.context.clear();
     }
 
     /// The silent-scorer rule: every reward 0 for `silent_steps` steps in a row after a healthy
@@ -411,6 +450,9 @@ impl RobustDetector {
         if let Some(x) = r.get("prompt_unique_frac").filter(|x| *x <= 0.25) {
             out.push(hard("prompt_unique_frac", Dir::Down, x));
         }
+        if let Some(x) = r.get("adv_reward_corr").filter(|x| *x < ADV_ANTI_CORR) {
+            out.push(hard("adv_reward_corr", Dir::Down, x));
+        }
         for name in ["sandbox_error_rate", "timeout_rate"] {
             if let Some(x) = r.get(name).filter(|x| *x >= self.cfg.sandbox_limit) {
                 out.push(hard(name, Dir::Up, x));
@@ -430,6 +472,7 @@ impl RobustDetector {
     /// CUSUM allowance), which stay out of the baseline.
     fn statistical(&mut self, r: &StepRecord, out: &mut Vec<Signal>) -> Vec<&'static str> {
         let mut suspicious = Vec::new();
+        self.context.clear();
         for wch in WATCHED {
             let Some(x) = r.get(wch.name).and_then(|x| wch.judged(x)) else {
                 continue;
@@ -444,6 +487,7 @@ impl RobustDetector {
             let (m, s) = median_scale(h);
             let scale = s.max(wch.abs_floor).max(wch.rel_floor * m.abs());
             let z = (x - m) / scale;
+            self.context.insert(wch.name.to_string(), z);
             if z.abs() > self.cfg.cusum_k {
                 suspicious.push(wch.name);
             }
@@ -457,14 +501,14 @@ impl RobustDetector {
                 // one spike does not keep the CUSUM alarming for the steps after it.
                 let c = self.cusum.entry((wch.name, up)).or_insert(0.0);
                 *c = (*c + zd.min(self.cfg.z_threshold) - self.cfg.cusum_k).max(0.0);
-                if zd > self.cfg.z_threshold {
+                if zd > self.cfg.z_threshold + LIMIT_TIE {
                     out.push(Signal {
                         feature: wch.name.to_string(),
                         dir,
                         score: zd,
                         rule: Rule::RobustZ,
                     });
-                } else if *c > self.cfg.cusum_h {
+                } else if *c > self.cfg.cusum_h + LIMIT_TIE {
                     out.push(Signal {
                         feature: wch.name.to_string(),
                         dir,
@@ -600,6 +644,7 @@ impl Detector for RobustDetector {
         Some(Alarm {
             step: r.step,
             signals,
+            context: self.context.clone(),
         })
     }
 }
@@ -657,10 +702,7 @@ impl Detector for StaticDetector {
                 rule: Rule::Static,
             });
         }
-        (!signals.is_empty()).then_some(Alarm {
-            step: r.step,
-            signals,
-        })
+        (!signals.is_empty()).then(|| Alarm::new(r.step, signals))
     }
 }
 
@@ -722,10 +764,7 @@ impl Detector for ZScoreDetector {
             }
         }
         sort_signals(&mut signals);
-        (!signals.is_empty()).then_some(Alarm {
-            step: r.step,
-            signals,
-        })
+        (!signals.is_empty()).then(|| Alarm::new(r.step, signals))
     }
 }
 
@@ -1173,5 +1212,55 @@ mod tests {
             .observe(&rec(6, &[("kl", 1.0)]))
             .unwrap()
             .has("kl", Dir::Up));
+    }
+
+    #[test]
+    fn a_rate_move_exactly_on_the_threshold_does_not_alarm_and_a_full_one_does() {
+        // Four responses a step: 3 of 4 truncated over the floor 0.15 is 5.0 sigma (rounded
+        // to 5.000000000000001), on the limit, not beyond it.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=4 {
+            assert!(d.observe(&rec(s, &[("trunc_rate", 0.0)])).is_none());
+        }
+        assert!(d.observe(&rec(5, &[("trunc_rate", 0.75)])).is_none());
+        assert!(d.observe(&rec(6, &[("trunc_rate", 0.0)])).is_none());
+        let a = d.observe(&rec(7, &[("trunc_rate", 1.0)])).expect("4 of 4");
+        assert!(a.has("trunc_rate", Dir::Up));
+    }
+
+    #[test]
+    fn anti_correlated_advantages_alarm_without_a_baseline() {
+        let mut d = RobustDetector::new(RobustConfig::default());
+        // Clean: group-baselined advantages correlate positively with rewards, 0 when tied.
+        for (s, c) in [0.816, 0.0, 1.0, 0.0, 0.816, 0.762].into_iter().enumerate() {
+            assert!(d.observe(&rec(s + 1, &[("adv_reward_corr", c)])).is_none());
+        }
+        let mut fresh = RobustDetector::new(RobustConfig::default());
+        assert!(fresh
+            .observe(&rec(1, &[("adv_reward_corr", 0.0)]))
+            .is_none());
+        let a = fresh
+            .observe(&rec(2, &[("adv_reward_corr", -0.816)]))
+            .expect("flipped");
+        assert!(a.has("adv_reward_corr", Dir::Down));
+        assert_eq!(a.signals[0].rule, Rule::Hard);
+    }
+
+    #[test]
+    fn an_alarm_carries_the_sub_threshold_z_scores_of_its_step() {
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=4 {
+            let r = rec(s, &[("trunc_rate", 0.0), ("response_len", 70.0)]);
+            assert!(d.observe(&r).is_none());
+        }
+        // Length 70 -> 7 with floor 0.2 * 70 = 14: z -4.5, under the threshold.
+        let a = d
+            .observe(&rec(5, &[("trunc_rate", 1.0), ("response_len", 7.0)]))
+            .expect("truncation");
+        assert!(!a.has("response_len", Dir::Down));
+        let z = a.context.get("response_len").copied().unwrap_or(0.0);
+        assert!((z + 4.5).abs() < 1e-9, "{z}");
+        assert!(a.leans("response_len", Dir::Down, 2.0));
+        assert!(!a.leans("response_len", Dir::Up, 2.0));
     }
 }

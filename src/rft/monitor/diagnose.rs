@@ -35,6 +35,13 @@ pub fn feature_family(feature: &str) -> Option<FaultFamily> {
     })
 }
 
+/// A sub-threshold robust z-score (see [`Alarm::context`]) that tips a diagnosis between two
+/// fault types the alarmed signals alone cannot tell apart. Used where the two types move the
+/// feature differently, so a modest move one way is evidence enough: a budget that shrank cuts
+/// responses short, ignored stop tokens run them long; a sign flip keeps the rewards' spread,
+/// noise widens it (rewards in [0, 1] of a batch spread by at most 0.5, 2 floors of 0.25).
+pub const LEAN_Z: f64 = 2.0;
+
 /// Diagnoses `alarm`.
 pub fn diagnose(alarm: &Alarm) -> Diagnosis {
     use Dir::{Down, Up};
@@ -42,7 +49,7 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
     let up = |f: &str| alarm.has(f, Up);
     let down = |f: &str| alarm.has(f, Down);
     // (condition, fault, evidence), most specific first.
-    let rules: [(bool, FaultType, &str); 25] = [
+    let rules: [(bool, FaultType, &str); 27] = [
         (up("nonfinite"), NonFinite, "non-finite values in the step"),
         (up("sandbox_error_rate"), SandboxFailure, "sandbox errors"),
         (
@@ -75,6 +82,11 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
             "rewards beyond both ends of their range",
         ),
         (
+            down("reward_min") && alarm.leans("reward_std", Up, LEAN_Z),
+            RewardNoise,
+            "rewards below their range and spread wider than any in-range batch (noise)",
+        ),
+        (
             up("reward_max"),
             RewardScale,
             "rewards above their range (scale blow-up)",
@@ -90,6 +102,11 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
             "the same answer to the same prompt scored differently (flaky tests)",
         ),
         (up("empty_rate"), EmptyOutputs, "empty responses"),
+        (
+            up("trunc_rate") && alarm.leans("response_len", Down, LEAN_Z),
+            LengthCollapse,
+            "responses cut at a token budget that shrank (shorter and truncated)",
+        ),
         (
             up("trunc_rate"),
             LengthExplosion,
@@ -205,10 +222,9 @@ mod tests {
     use crate::rft::monitor::detect::{Rule, Signal};
 
     fn alarm(sigs: &[(&str, Dir)]) -> Alarm {
-        Alarm {
-            step: 5,
-            signals: sigs
-                .iter()
+        Alarm::new(
+            5,
+            sigs.iter()
                 .map(|(f, d)| Signal {
                     feature: f.to_string(),
                     dir: *d,
@@ -216,7 +232,7 @@ mod tests {
                     rule: Rule::RobustZ,
                 })
                 .collect(),
-        }
+        )
     }
 
     #[test]
@@ -270,5 +286,35 @@ mod tests {
         }
         let d = diagnose(&alarm(&[("some_custom_metric", Up)]));
         assert_eq!(d.fault, None);
+    }
+
+    #[test]
+    fn truncation_is_told_apart_by_the_length_under_the_threshold() {
+        let with_len = |z: f64| {
+            let mut a = alarm(&[("trunc_rate", Dir::Up), ("entropy", Dir::Down)]);
+            a.context.insert("response_len".into(), z);
+            a.context.insert("trunc_rate".into(), 6.7);
+            diagnose(&a).fault
+        };
+        assert_eq!(with_len(-4.5), Some(FaultType::LengthCollapse));
+        assert_eq!(with_len(3.0), Some(FaultType::LengthExplosion));
+        // A healthy wobble of the length does not tip it.
+        assert_eq!(with_len(-1.0), Some(FaultType::LengthExplosion));
+        let plain = diagnose(&alarm(&[("trunc_rate", Dir::Up)]));
+        assert_eq!(plain.fault, Some(FaultType::LengthExplosion));
+    }
+
+    #[test]
+    fn rewards_below_range_are_noise_when_they_spread_and_a_flip_when_they_do_not() {
+        let with_std = |z: f64| {
+            let mut a = alarm(&[("reward_min", Dir::Down)]);
+            a.context.insert("reward_std".into(), z);
+            diagnose(&a).fault
+        };
+        // Noise: spread 1.09 against a baseline of 0 over the floor 0.25.
+        assert_eq!(with_std(4.4), Some(FaultType::RewardNoise));
+        // A flip keeps the spread of an in-range batch (at most 0.5 / 0.25 = 2).
+        assert_eq!(with_std(2.0), Some(FaultType::RewardSignFlip));
+        assert_eq!(with_std(0.0), Some(FaultType::RewardSignFlip));
     }
 }
