@@ -32,7 +32,7 @@ use crate::rft::regression::RegressionSuites;
 use crate::rft::rl::{zero_reason_name, RlItem, RlMetrics};
 use crate::rft::rl_run::RlRun;
 use crate::rft::teacher::{
-    rejection_filter_checked, sample_per_subtask, Acceptance, BuiltinTeacher, Teacher, TeacherItem,
+    rejection_filter_checked, sample_per_subtask, Acceptance, BuiltinTeacher, TeacherItem,
 };
 use crate::swe::instance::{write_jsonl, Instance};
 use crate::swe::repo::{RepoStore, Snapshot};
