@@ -32,17 +32,22 @@ fn records(dir: &std::path::Path) -> Vec<(SubtaskRecord, String)> {
     records
 }
 
-#[test]
-fn edit_prompts_get_their_own_sample_count_and_the_others_keep_theirs() {
-    let dir = tempfile::tempdir().unwrap();
-    let records = records(dir.path());
-    let items: Vec<TeacherItem> = records
+/// The teacher's view of each record.
+fn teacher_items(records: &[(SubtaskRecord, String)]) -> Vec<TeacherItem<'_>> {
+    records
         .iter()
         .map(|(r, p)| TeacherItem {
             record: r,
             problem: p,
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn edit_prompts_get_their_own_sample_count_and_the_others_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = records(dir.path());
+    let items = teacher_items(&records);
     let mut t = BuiltinTeacher::default();
     let plain = sample_per_subtask(&mut t, &items, 3, 0, 5).unwrap();
     let more = sample_per_subtask(&mut t, &items, 3, 9, 5).unwrap();
@@ -69,13 +74,7 @@ fn builtin_teacher_is_right_sometimes_and_the_filter_keeps_only_agreeing_samples
     let dir = tempfile::tempdir().unwrap();
     let records = records(dir.path());
     assert!(records.len() >= 8);
-    let items: Vec<TeacherItem> = records
-        .iter()
-        .map(|(r, p)| TeacherItem {
-            record: r,
-            problem: p,
-        })
-        .collect();
+    let items = teacher_items(&records);
     let mut t = BuiltinTeacher::default();
     let a = t.sample(&items, 6, 3).unwrap();
     assert_eq!(

@@ -177,6 +177,25 @@ pub struct Stage1Config {
     pub replay_exercises: usize,
 }
 
+impl Stage1Config {
+    /// The teacher's samples for `items`: `samples_per_prompt` each, `edit_samples` per edit
+    /// prompt ([`crate::rft::teacher::sample_per_subtask`]).
+    pub fn teacher_samples(
+        &self,
+        teacher: &mut dyn crate::rft::teacher::Teacher,
+        items: &[crate::rft::teacher::TeacherItem<'_>],
+        seed: u64,
+    ) -> anyhow::Result<Vec<Vec<String>>> {
+        crate::rft::teacher::sample_per_subtask(
+            teacher,
+            items,
+            self.samples_per_prompt,
+            self.edit_samples,
+            seed,
+        )
+    }
+}
+
 impl Default for Stage1Config {
     fn default() -> Self {
         Self {

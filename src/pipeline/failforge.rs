@@ -320,13 +320,7 @@ pub fn standalone<B: Backend>(
         temperature: cfg.stage1.teacher_temperature,
     };
     progress(format!("rejection sampling again: {} prompts", items.len()));
-    let samples = crate::rft::teacher::sample_per_subtask(
-        &mut teacher,
-        &items,
-        cfg.stage1.samples_per_prompt,
-        cfg.stage1.edit_samples,
-        cfg.seed,
-    )?;
+    let samples = cfg.stage1.teacher_samples(&mut teacher, &items, cfg.seed)?;
     // The same acceptance as the run's stage 1 (execution in the sandbox by default).
     let data = run.dir.join("data");
     let train_instances = read_jsonl(&data.join("train.jsonl"))?;

@@ -31,9 +31,7 @@ use crate::rft::eval::{evaluate_with, EvalSummary, ModelAnswerer};
 use crate::rft::regression::RegressionSuites;
 use crate::rft::rl::{zero_reason_name, RlItem, RlMetrics};
 use crate::rft::rl_run::RlRun;
-use crate::rft::teacher::{
-    rejection_filter_checked, sample_per_subtask, Acceptance, BuiltinTeacher, TeacherItem,
-};
+use crate::rft::teacher::{rejection_filter_checked, Acceptance, BuiltinTeacher, TeacherItem};
 use crate::swe::instance::{write_jsonl, Instance};
 use crate::swe::repo::{RepoStore, Snapshot};
 use crate::swe::subtask::{training_records, Subtask, SubtaskRecord};
@@ -806,13 +804,7 @@ pub fn run_repro<B: Backend>(
     };
     let (kept_idx, acceptance, curation_md, failforge_md) = match cfg.stage1.curation {
         crate::rft::p2t::Curation::Rejection => {
-            let samples = sample_per_subtask(
-                &mut teacher,
-                &items,
-                cfg.stage1.samples_per_prompt,
-                cfg.stage1.edit_samples,
-                cfg.seed,
-            )?;
+            let samples = cfg.stage1.teacher_samples(&mut teacher, &items, cfg.seed)?;
             let executed = stage1_execution(cfg, &items, &samples, &train, &data.join("repos"))?;
             let (mut k, a) = rejection_filter_checked(
                 &items,
