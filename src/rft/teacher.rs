@@ -537,8 +537,8 @@ pub struct Acceptance {
     pub kept: usize,
 }
 
-/// Teacher samples, `k` per prompt and `k_edit` per edit prompt (0: `k`). A teacher draws a
-/// prompt's samples from one stream, so the first `k` are the same whatever `k_edit` is.
+/// Teacher samples, `k` per prompt and `k_edit` per edit prompt (0: `k`). The built-in teacher
+/// draws a prompt's samples from one stream, so its first `k` are the same whatever `k_edit` is.
 pub fn sample_per_subtask(
     teacher: &mut dyn Teacher,
     items: &[TeacherItem<'_>],
