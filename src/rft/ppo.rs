@@ -33,7 +33,8 @@ pub struct PolicyLoss {
     pub dlogp: Vec<f32>,
     /// Fraction of tokens whose ratio was clipped.
     pub clip_frac: f64,
-    /// `mean((ratio - 1) - log ratio)`: the approximate KL between old and new policy.
+    /// `mean((ratio - 1) - log ratio)`: the approximate KL between old and new policy
+    /// ([`approx_kl`] with every token drawn from the old policy).
     pub approx_kl: f64,
     /// Mean KL to the reference (when given).
     pub ref_kl: f64,
@@ -58,6 +59,7 @@ pub fn policy_loss(
         ..Default::default()
     };
     let (lo, hi) = (1.0 - cfg.clip_eps, 1.0 + cfg.clip_eps);
+    out.approx_kl = approx_kl(&logp[..n], &old_logp[..n], None);
     for t in 0..n {
         let log_ratio = logp[t] - old_logp[t];
         let ratio = log_ratio.exp();
@@ -79,7 +81,6 @@ pub fn policy_loss(
         }
         out.loss += term as f64 * inv_n;
         out.dlogp[t] = (grad as f64 * inv_n) as f32;
-        out.approx_kl += ((ratio - 1.0) - log_ratio) as f64 * inv_n;
         if let Some(r) = ref_logp {
             let k = cfg.kl_estimator.value(logp[t], r[t]);
             out.ref_kl += k as f64 * inv_n;
@@ -92,6 +93,27 @@ pub fn policy_loss(
         }
     }
     out
+}
+
+/// The k3 estimate of KL(old || new), `mean(w ((r - 1) - log r))` with `r = exp(logp -
+/// old_logp)`, from tokens drawn from a sampling distribution `q`, each weighted by `w = old /
+/// q` (`None`: every `w` is 1, the tokens were drawn from the old policy). A token a grammar
+/// forced but the update scores under the full distribution was drawn from the renormalised
+/// `q`, not from the old policy: unweighted, its ratio (large when the old policy gave it a tiny
+/// probability) would count as a KL the policy never moved by.
+pub fn approx_kl(logp: &[f32], old_logp: &[f32], weights: Option<&[f32]>) -> f64 {
+    let n = logp.len().min(old_logp.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let sum: f64 = (0..n)
+        .map(|t| {
+            let lr = (logp[t] - old_logp[t]) as f64;
+            let w = weights.and_then(|w| w.get(t)).map_or(1.0, |&w| w as f64);
+            w * (lr.exp() - 1.0 - lr)
+        })
+        .sum();
+    sum / n as f64
 }
 
 /// The clipped value loss `0.5 * max((v - R)^2, (v_old + clip(v - v_old, -eps, eps) - R)^2)`
@@ -231,6 +253,20 @@ mod tests {
         let l = policy_loss(&cfg(0.0), &[-0.5], &[-1.0], &[-1.0], None);
         assert!((l.dlogp[0] - 0.5f32.exp()).abs() < 1e-6);
         assert_eq!(l.clip_frac, 0.0);
+    }
+
+    #[test]
+    fn approx_kl_weights_tokens_drawn_off_the_old_policy() {
+        // A forced token the old policy gave e^-12 rose to e^-2: ratio e^10.
+        let (new, old) = ([-2.0f32, -0.5], [-12.0f32, -0.5]);
+        let plain = approx_kl(&new, &old, None);
+        assert!(plain > 1e4, "{plain}");
+        // Drawn from a grammar whose allowed set held e^-12 of the old policy's mass.
+        let w = [(-12.0f32).exp(), 1.0];
+        let weighted = approx_kl(&new, &old, Some(&w));
+        assert!(weighted > 0.0 && weighted < 1.0, "{weighted}");
+        // Weights of 1 are the plain estimate.
+        assert_eq!(approx_kl(&new, &old, Some(&[1.0, 1.0])), plain);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::rft::mismatch::{reconcile, Rescore};
 use crate::rft::monitor::features::{self as health, Health};
 use crate::rft::monitor::inject::Injection;
 use crate::rft::monitor::{MonitorEvent, MonitorMode};
-use crate::rft::ppo::{explained_variance, policy_loss, value_loss, PolicyLossConfig};
+use crate::rft::ppo::{approx_kl, explained_variance, policy_loss, value_loss, PolicyLossConfig};
 use crate::swe::reward::ZeroReason;
 use crate::swe::subtask::{EditReward, SubtaskRecord};
 use crate::train::backward::backward;
@@ -412,6 +412,33 @@ fn sampler_logprobs(
                         lp - outs[i].allowed_logmass[t]
                     } else {
                         lp
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Per live rollout and trained token, the importance weight `old / sampler` of the token's
+/// draw ([`crate::rft::ppo::approx_kl`]): 1 where the update scores a token under the
+/// distribution it was drawn from (a free step, or a renormalised restricted row); the allowed
+/// set's probability mass where a grammar restricted the draw but the update scores the token
+/// under the full distribution (`positive_full`, or `renormalise = false`).
+fn draw_weights(
+    outs: &[crate::model::generate::GenOutput],
+    rolls: &[Rollout],
+    live: &[usize],
+) -> PerSeq {
+    live.iter()
+        .map(|&i| {
+            let (plen, rows) = (&rolls[i].restrict.0, &rolls[i].restrict.1);
+            (0..outs[i].ids.len())
+                .filter(|&t| rolls[i].seq.mask.get(plen + t).copied() == Some(1))
+                .map(|t| {
+                    let renormalised = rows.get(t).is_some_and(Option::is_some);
+                    match outs[i].allowed_logmass.get(t) {
+                        Some(&lm) if !renormalised => lm.min(0.0).exp(),
+                        _ => 1.0,
                     }
                 })
                 .collect()
@@ -957,6 +984,7 @@ impl<B: Backend> RlTrainer<B> {
             ..ForwardOptions::default()
         };
         let own = sampler_logprobs(&outs, &rolls, &live);
+        let draw_w = draw_weights(&outs, &rolls, &live);
         let rescore = cfg.rescore.enabled(&be.name());
         let (trainer_lp, old_values) = if self.value_head.is_some() || rescore {
             let (lp, v) = response_logprobs(
@@ -1107,7 +1135,8 @@ impl<B: Backend> RlTrainer<B> {
                     a.iter_mut().zip(w).for_each(|(x, w)| *x *= w);
                 }
                 let pl = policy_loss(&pcfg, &new_lp, &old_lp, &a, Some(&ref_lp));
-                health::ratio_health(&mut m.health, &new_lp, &old_lp, nmb == 0);
+                let w: Vec<f32> = mb.iter().flat_map(|&i| draw_w[i].iter().copied()).collect();
+                health::ratio_health(&mut m.health, &new_lp, &old_lp, Some(&w), nmb == 0);
                 let nt = rows.len().max(1);
                 let mut g_logp = vec![0.0f32; batch.len()];
                 let mut g_ent = vec![0.0f32; batch.len()];
@@ -1124,7 +1153,7 @@ impl<B: Backend> RlTrainer<B> {
                     distill_n += n;
                 }
                 clip_sum += pl.clip_frac;
-                akl_sum += pl.approx_kl;
+                akl_sum += approx_kl(&new_lp, &old_lp, Some(&w));
                 // Value head on detached features.
                 if let (Some((w, b)), Some(vopt)) =
                     (self.value_head.as_mut(), self.value_opt.as_mut())
@@ -1489,5 +1518,29 @@ mod tests {
             assert_eq!(r.seq.mask, vec![0, 0, 1, 0, 1]);
             assert!(r.restrict.1[2].is_some());
         }
+    }
+
+    #[test]
+    fn forced_tokens_scored_in_full_weigh_by_their_allowed_mass() {
+        let mut rolls = vec![rollout(0, 1.0), rollout(0, 0.0)];
+        unconstrain_above_mean(&mut rolls);
+        let out = crate::model::generate::GenOutput {
+            ids: vec![1, 2, 7],
+            logprobs: vec![-0.1, -9.0, -1.0],
+            text: String::new(),
+            forced: vec![false, true, false],
+            allowed: Vec::new(),
+            allowed_logmass: vec![0.0, 0.01f32.ln(), 0.5f32.ln()],
+            finish: crate::model::generate::FinishReason::Stop,
+        };
+        let w = draw_weights(&[out.clone(), out], &rolls, &[0, 1]);
+        // Above the mean: every token in the loss under the full distribution, each weighted by
+        // the mass its draw's allowed set held (1 on the free step).
+        let close = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6)
+        };
+        assert!(close(&w[0], &[1.0, 0.01, 0.5]), "{:?}", w[0]);
+        // Below: the forced token is out, the restricted one is scored renormalised (its draw).
+        assert!(close(&w[1], &[1.0, 1.0]), "{:?}", w[1]);
     }
 }

@@ -258,13 +258,30 @@ pub fn advantage_health(h: &mut Health, adv: &mut [Vec<f32>], scores: &[f32]) {
     h.adv_reward_corr = correlation(&per_seq, &s);
 }
 
+/// The least importance weight `old / sampler` of a token whose ratio counts in `max_ratio`:
+/// the sampler (a grammar) left at least half the old policy's mass.
+pub const ON_POLICY_WEIGHT: f32 = 0.5;
+
 /// The ratio part of a step's health from one minibatch's new and old log-probabilities;
 /// `before_update`: no optimizer step yet, so the gap is the sampler / trainer mismatch.
-pub fn ratio_health(h: &mut Health, new_lp: &[f32], old_lp: &[f32], before_update: bool) {
+/// `weights` (see [`crate::rft::ppo::approx_kl`]): the largest ratio is taken over the tokens
+/// drawn from (close to) the old policy, weight at least [`ON_POLICY_WEIGHT`]; a forced token
+/// scored under the full distribution moves by a large ratio whenever the policy gave it a tiny
+/// probability, however small the update.
+pub fn ratio_health(
+    h: &mut Health,
+    new_lp: &[f32],
+    old_lp: &[f32],
+    weights: Option<&[f32]>,
+    before_update: bool,
+) {
     let mut gap = 0.0;
-    for (n, o) in new_lp.iter().zip(old_lp) {
+    for (t, (n, o)) in new_lp.iter().zip(old_lp).enumerate() {
         let d = (n - o) as f64;
-        h.max_ratio = h.max_ratio.max(d.exp());
+        let w = weights.and_then(|w| w.get(t)).copied().unwrap_or(1.0);
+        if w >= ON_POLICY_WEIGHT {
+            h.max_ratio = h.max_ratio.max(d.exp());
+        }
         gap += d.abs();
     }
     if before_update {
@@ -427,6 +444,23 @@ pub fn aggregate_trajectories(rows: &[StepRecord]) -> Vec<StepRecord> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_ratio_skips_tokens_a_grammar_drew_from_little_mass() {
+        let (new, old) = ([-2.0f32, -0.4], [-12.0f32, -0.5]);
+        let mut h = Health::default();
+        ratio_health(&mut h, &new, &old, Some(&[1e-5, 1.0]), false);
+        assert!((h.max_ratio - 0.1f64.exp()).abs() < 1e-5, "{}", h.max_ratio);
+        // Drawn from the old policy itself, the same token's ratio counts.
+        let mut h = Health::default();
+        ratio_health(&mut h, &new, &old, None, true);
+        assert!(h.max_ratio > 2e4, "{}", h.max_ratio);
+        assert!(
+            (h.logprob_mismatch - 5.05).abs() < 1e-5,
+            "{}",
+            h.logprob_mismatch
+        );
+    }
 
     #[test]
     fn trajectory_statistics() {
