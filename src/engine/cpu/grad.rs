@@ -6,7 +6,8 @@
 use rayon::prelude::*;
 
 use super::attn_train::{self, Packed};
-use super::matmul::{gemm, MatRef};
+use super::matmul::{gemm, gemm_new, MatRef};
+use super::vexp;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::{AdamWParams, AttentionShape, IGNORE_TARGET};
 use crate::engine::error::{EngineError, Result};
@@ -299,14 +300,7 @@ pub fn swiglu_backward(
                 .zip(u.par_chunks(4096))
                 .zip(dm.par_chunks(4096)),
         )
-        .for_each(|((dg, du), ((g, u), dm))| {
-            for i in 0..g.len() {
-                let sig = 1.0 / (1.0 + (-g[i]).exp());
-                let silu = g[i] * sig;
-                du[i] = dm[i] * silu;
-                dg[i] = dm[i] * u[i] * sig * (1.0 + g[i] * (1.0 - sig));
-            }
-        });
+        .for_each(|((dg, du), ((g, u), dm))| vexp::swiglu_backward(g, u, dm, dg, du));
     Ok((tensor_f32(dg, gate.shape()), tensor_f32(du, gate.shape())))
 }
 
@@ -382,43 +376,26 @@ fn chunk_logits(
     for &r in rows {
         hb.extend_from_slice(&hs[r * d..(r + 1) * d]);
     }
-    let mut logits = vec![0.0f32; rows.len() * v];
-    gemm(
-        rows.len(),
-        v,
-        d,
-        MatRef {
-            data: &hb,
-            rs: d,
-            cs: 1,
-        },
-        MatRef {
-            data: head,
-            rs: 1,
-            cs: d,
-        },
-        &mut logits,
-        false,
-    );
-    (logits, hb)
+    let h = MatRef {
+        data: &hb,
+        rs: d,
+        cs: 1,
+    };
+    let wt = MatRef {
+        data: head,
+        rs: 1,
+        cs: d,
+    };
+    (gemm_new(rows.len(), v, d, h, wt), hb)
 }
 
 /// Turns a logits row into probabilities in place; returns `(logsumexp, entropy)`.
 fn softmax_row(row: &mut [f32]) -> (f32, f32) {
-    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut s = 0.0f64;
-    let mut sz = 0.0f64;
-    for z in row.iter_mut() {
-        let e = ((*z - m) as f64).exp();
-        if e > 0.0 {
-            // A -inf logit contributes 0 (not exp(-inf) * -inf = NaN).
-            sz += e * (*z - m) as f64;
-        }
-        s += e;
-        *z = e as f32;
-    }
+    let m = vexp::max(row);
+    // A -inf logit contributes 0 to `sz` (not exp(-inf) * -inf = NaN).
+    let (s, sz) = vexp::exp_shifted_sums(row, m);
     let inv = 1.0 / s;
-    row.iter_mut().for_each(|p| *p = (*p as f64 * inv) as f32);
+    vexp::scale_f64(row, inv);
     let lse = m as f64 + s.ln();
     // H = log s - E[z - m].
     let ent = s.ln() - sz * inv;
@@ -627,11 +604,12 @@ pub fn adamw_step(
                 .zip(vs.par_chunks_mut(ELEM_BLOCK)),
         )
         .for_each(|((p, g), (m, v))| {
-            for i in 0..p.len() {
-                m[i] = hp.beta1 * m[i] + (1.0 - hp.beta1) * g[i];
-                v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g[i] * g[i];
-                let denom = v[i].sqrt() / bc2_sqrt + hp.eps;
-                p[i] = p[i] * decay - step_size * m[i] / denom;
+            // Zipped iterators (no bounds checks) so that the loop vectorises.
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                *m = hp.beta1 * *m + (1.0 - hp.beta1) * g;
+                *v = hp.beta2 * *v + (1.0 - hp.beta2) * g * g;
+                let denom = v.sqrt() / bc2_sqrt + hp.eps;
+                *p = *p * decay - step_size * *m / denom;
             }
         });
     Ok(())

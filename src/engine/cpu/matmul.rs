@@ -33,13 +33,7 @@ pub struct MatRef<'a> {
 
 /// `c [m, n] (+)= a [m, k] @ b [k, n]` through the gemm crate; `c` is row-major and contiguous.
 pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 && m * n * k >= 32 * 32 * 32 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    gemm_with(m, n, k, a, b, c, accumulate, par);
+    gemm_with(m, n, k, a, b, c, accumulate, gemm_par(m, n, k));
 }
 
 /// [`gemm`] on the calling thread only: for products inside tasks that are already parallel.
@@ -53,6 +47,31 @@ pub fn gemm_serial(
     accumulate: bool,
 ) {
     gemm_with(m, n, k, a, b, c, accumulate, gemm::Parallelism::None);
+}
+
+/// [`gemm`] into a new row-major `[m, n]` buffer, written without being zero-filled first.
+pub fn gemm_new(m: usize, n: usize, k: usize, a: MatRef, b: MatRef) -> Vec<f32> {
+    if m == 0 || n == 0 || k == 0 {
+        return vec![0.0f32; m * n];
+    }
+    let mut c: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: as in `gemm_with`; with `read_dst` false the crate writes all `m * n` elements of
+    // the buffer (k > 0) without reading them, so the length can then cover them.
+    unsafe {
+        gemm_raw(m, n, k, a, b, c.as_mut_ptr(), false, gemm_par(m, n, k));
+        c.set_len(m * n);
+    }
+    c
+}
+
+/// The parallelism of [`gemm`] for a product of this size.
+fn gemm_par(m: usize, n: usize, k: usize) -> gemm::Parallelism {
+    let threads = rayon::current_num_threads();
+    if threads > 1 && m * n * k >= 32 * 32 * 32 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -77,12 +96,32 @@ fn gemm_with(
     }
     // SAFETY: the slices outlive the call, the strides address only elements inside them (checked
     // by the callers' shape checks), and `c` is not aliased by `a` or `b`.
+    unsafe { gemm_raw(m, n, k, a, b, c.as_mut_ptr(), accumulate, par) }
+}
+
+/// The gemm crate's product into `m * n` contiguous row-major elements at `c`.
+///
+/// # Safety
+/// `c` must be valid for `m * n` writes (and reads when `accumulate`), not aliased by `a` or `b`,
+/// and the strides of `a` and `b` must address elements inside their slices.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: *mut f32,
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
+    // SAFETY: the caller's contract.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             n as isize,
             accumulate,
@@ -129,25 +168,17 @@ pub fn linear(x: &Tensor<Cpu>, w: &Tensor<Cpu>, bias: Option<&Tensor<Cpu>>) -> R
     let mut out = if m <= SMALL_M {
         linear_small(xs, ws, m, n, k)
     } else {
-        let mut out = vec![0.0f32; m * n];
-        gemm(
-            m,
-            n,
-            k,
-            MatRef {
-                data: xs,
-                rs: k,
-                cs: 1,
-            },
-            MatRef {
-                data: ws,
-                rs: 1,
-                cs: k,
-            },
-            &mut out,
-            false,
-        );
-        out
+        let x = MatRef {
+            data: xs,
+            rs: k,
+            cs: 1,
+        };
+        let wt = MatRef {
+            data: ws,
+            rs: 1,
+            cs: k,
+        };
+        gemm_new(m, n, k, x, wt)
     };
     if let Some(b) = bias {
         out.par_chunks_mut(n.max(1)).for_each(|row| {
@@ -264,6 +295,28 @@ mod tests {
         for i in 0..8 {
             let one = linear_small(&x[i * k..(i + 1) * k], &w, 1, n, k);
             assert_eq!(&batch[i * n..(i + 1) * n], &one[..]);
+        }
+    }
+
+    #[test]
+    fn gemm_new_matches_gemm_into_zeros() {
+        let mut r = SplitMix::new(11);
+        for &(m, n, k) in &[(40, 50, 60), (33, 7, 1), (5, 3, 0)] {
+            let a: Vec<f32> = (0..m * k).map(|_| r.next_normal() as f32).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| r.next_normal() as f32).collect();
+            let am = MatRef {
+                data: &a,
+                rs: k,
+                cs: 1,
+            };
+            let bm = MatRef {
+                data: &b,
+                rs: n,
+                cs: 1,
+            };
+            let mut want = vec![0.0f32; m * n];
+            gemm(m, n, k, am, bm, &mut want, false);
+            assert_eq!(gemm_new(m, n, k, am, bm), want, "{m}x{n}x{k}");
         }
     }
 

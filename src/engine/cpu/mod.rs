@@ -7,6 +7,7 @@ mod grad;
 pub mod matmul;
 mod ops;
 pub mod simd;
+mod vexp;
 
 use std::sync::Arc;
 
