@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use super::attn_train::{self, Packed};
-use super::matmul::{gemm, gemm_new, MatRef};
+use super::matmul::{gemm, gemm_new, gemm_new_threads, gemm_threads, MatRef};
 use super::vexp;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::{AdamWParams, AttentionShape, IGNORE_TARGET};
@@ -71,6 +71,65 @@ pub fn matmul(
     };
     let cd = f32s_mut(c, "matmul")?;
     gemm(m, n, k, am, bm, cd, accumulate);
+    Ok(())
+}
+
+/// `dx += dy W` and `dw += dy^T x` (the backward of `y = x W^T`), the two products at once, each
+/// on half of the threads. The gemm crate's sums do not depend on its parallelism, so the result
+/// is the same as [`matmul`]'s in turn.
+pub fn linear_backward(
+    x: &Tensor<Cpu>,
+    w: &Tensor<Cpu>,
+    dy: &Tensor<Cpu>,
+    dx: &mut Tensor<Cpu>,
+    dw: Option<&mut Tensor<Cpu>>,
+) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    let dw = match dw {
+        Some(dw) if threads > 1 => dw,
+        dw => {
+            matmul(dy, false, w, false, dx, true)?;
+            return match dw {
+                Some(dw) => matmul(dy, true, x, false, dw, true),
+                None => Ok(()),
+            };
+        }
+    };
+    let op = "linear_backward";
+    let (m1, k1, n1) = crate::engine::shapes::matmul_dims(dy, false, w, false, dx)?;
+    let (m2, k2, n2) = crate::engine::shapes::matmul_dims(dy, true, x, false, dw)?;
+    let (o, i) = (w.shape()[0], w.shape()[1]);
+    let (dys, ws, xs) = (f32s(dy, op)?, f32s(w, op)?, f32s(x, op)?);
+    let (dxs, dws) = (f32s_mut(dx, op)?, f32s_mut(dw, op)?);
+    let half = threads / 2;
+    rayon::join(
+        || {
+            let a = MatRef {
+                data: dys,
+                rs: o,
+                cs: 1,
+            };
+            let b = MatRef {
+                data: ws,
+                rs: i,
+                cs: 1,
+            };
+            gemm_threads(m1, n1, k1, a, b, dxs, true, half);
+        },
+        || {
+            let a = MatRef {
+                data: dys,
+                rs: 1,
+                cs: o,
+            };
+            let b = MatRef {
+                data: xs,
+                rs: i,
+                cs: 1,
+            };
+            gemm_threads(m2, n2, k2, a, b, dws, true, threads - half);
+        },
+    );
     Ok(())
 }
 
@@ -484,51 +543,14 @@ pub fn token_logprobs_backward(
                 }
                 row[zt] += a;
             });
-        let n = rows.len();
-        let mut dhb = vec![0.0f32; n * d];
-        gemm(
-            n,
-            d,
-            v,
-            MatRef {
-                data: &logits,
-                rs: v,
-                cs: 1,
-            },
-            MatRef {
-                data: ws,
-                rs: d,
-                cs: 1,
-            },
-            &mut dhb,
-            false,
-        );
+        if dhead.is_some() && dw_acc.is_empty() {
+            dw_acc = vec![0.0f32; v * d];
+        }
+        let dw = dhead.is_some().then_some(&mut dw_acc[..]);
+        let dhb = head_products(&logits, &hb, ws, (rows.len(), d, v), dw);
         for (i, &r) in rows.iter().enumerate() {
             dh[r * d..(r + 1) * d].copy_from_slice(&dhb[i * d..(i + 1) * d]);
         }
-        if dhead.is_none() {
-            continue;
-        }
-        if dw_acc.is_empty() {
-            dw_acc = vec![0.0f32; v * d];
-        }
-        gemm(
-            v,
-            d,
-            n,
-            MatRef {
-                data: &logits,
-                rs: 1,
-                cs: v,
-            },
-            MatRef {
-                data: &hb,
-                rs: d,
-                cs: 1,
-            },
-            &mut dw_acc,
-            true,
-        );
     }
     if let (false, Some(dhead)) = (dw_acc.is_empty(), dhead) {
         let dw = f32s_mut(dhead, op)?;
@@ -537,6 +559,55 @@ pub fn token_logprobs_backward(
             .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, &b)| *a += b));
     }
     Ok(tensor_f32(dh, &[t, d]))
+}
+
+/// The head's backward products for one chunk of `n` rows: returns `dh = dlogits head` `[n, d]`
+/// and adds `dlogits^T h` to `dw` when given, the two at once on halves of the threads.
+fn head_products(
+    dlogits: &[f32],
+    hb: &[f32],
+    head: &[f32],
+    (n, d, v): (usize, usize, usize),
+    dw: Option<&mut [f32]>,
+) -> Vec<f32> {
+    let dl = MatRef {
+        data: dlogits,
+        rs: v,
+        cs: 1,
+    };
+    let dl_t = MatRef {
+        data: dlogits,
+        rs: 1,
+        cs: v,
+    };
+    let w = MatRef {
+        data: head,
+        rs: d,
+        cs: 1,
+    };
+    let h = MatRef {
+        data: hb,
+        rs: d,
+        cs: 1,
+    };
+    let threads = rayon::current_num_threads();
+    match dw {
+        Some(dw) if threads > 1 => {
+            let half = threads / 2;
+            rayon::join(
+                || gemm_new_threads(n, d, v, dl, w, half),
+                || gemm_threads(v, d, n, dl_t, h, dw, true, threads - half),
+            )
+            .0
+        }
+        dw => {
+            let dh = gemm_new(n, d, v, dl, w);
+            if let Some(dw) = dw {
+                gemm(v, d, n, dl_t, h, dw, true);
+            }
+            dh
+        }
+    }
 }
 
 /// Sets every element.

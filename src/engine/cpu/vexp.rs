@@ -288,7 +288,10 @@ mod tests {
             let close = |a: f32, b: f64| (a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs());
             assert!(close(out[i], g * sig * u), "swiglu {i}");
             assert!(close(du[i], dm * g * sig), "du {i}");
-            assert!(close(dg[i], dm * u * sig * (1.0 + g * (1.0 - sig))), "dg {i}");
+            assert!(
+                close(dg[i], dm * u * sig * (1.0 + g * (1.0 - sig))),
+                "dg {i}"
+            );
         }
         let mut row: Vec<f32> = (0..77).map(|i| (i as f32 * 0.7).sin() * 5.0).collect();
         row[3] = f32::NEG_INFINITY;
