@@ -253,8 +253,11 @@ pub fn linear_pair(x: &Tensor<Cpu>, p1: Proj, p2: Proj) -> Result<(Tensor<Cpu>, 
     Ok((y1, y2))
 }
 
+/// A weight's elements, its bias's, and its output count.
+type Weights<'a> = (&'a [f32], Option<&'a [f32]>, usize);
+
 /// The checked slices of a weight `[n, k]` and its bias `[n]`.
-fn weights<'a>(p: Proj<'a>, k: usize) -> Result<(&'a [f32], Option<&'a [f32]>, usize)> {
+fn weights<'a>(p: Proj<'a>, k: usize) -> Result<Weights<'a>> {
     let (n, k2) = p.0.dims2("linear")?;
     let bad = |detail: String| EngineError::Shape {
         op: "linear",
@@ -278,7 +281,7 @@ fn project_on(
     xs: &[f32],
     m: usize,
     k: usize,
-    (ws, bias, n): (&[f32], Option<&[f32]>, usize),
+    (ws, bias, n): Weights,
     threads: usize,
 ) -> Tensor<Cpu> {
     let x = MatRef {

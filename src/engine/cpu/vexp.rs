@@ -66,6 +66,8 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Cephes polynomial for `exp(r)`, scaled by `2^n` through the exponent bits); 0 below
 /// [`EXP_LO`], infinity above [`EXP_HI`], NaN for NaN.
 #[inline(always)]
+// `max`/`min` rather than `clamp`: a NaN becomes a number here and is restored at the end.
+#[allow(clippy::manual_clamp)]
 pub fn exp(x: f32) -> f32 {
     let xc = x.max(EXP_LO).min(88.0);
     let t = xc.mul_add(std::f32::consts::LOG2_E, ROUND_MAGIC);
@@ -77,7 +79,7 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    p = p.mul_add(r, 0.5);
     let y = (p * r).mul_add(r, r) + 1.0;
     let pow2 = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     let y = y * pow2;
