@@ -165,6 +165,16 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         w: &Tensor<Self>,
         bias: Option<&Tensor<Self>>,
     ) -> Result<Tensor<Self>>;
+    /// Two projections of the same input, [`Backend::linear`] with `(w1, b1)` and with `(w2, b2)`.
+    /// A backend may run the two at once; the default runs them in turn.
+    fn linear_pair(
+        &self,
+        x: &Tensor<Self>,
+        (w1, b1): (&Tensor<Self>, Option<&Tensor<Self>>),
+        (w2, b2): (&Tensor<Self>, Option<&Tensor<Self>>),
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        Ok((self.linear(x, w1, b1)?, self.linear(x, w2, b2)?))
+    }
     /// `dst += src`, same shapes.
     fn add_assign(&self, dst: &mut Tensor<Self>, src: &Tensor<Self>) -> Result<()>;
     /// `silu(gate) * up`, same shapes.
@@ -307,6 +317,22 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         c: &mut Tensor<Self>,
         accumulate: bool,
     ) -> Result<()>;
+    /// Both products of the backward of `y = x W^T`: `dx += dy W` and, when `dw` is given,
+    /// `dw += dy^T x`. A backend may run the two at once; the default runs them in turn.
+    fn linear_backward(
+        &self,
+        x: &Tensor<Self>,
+        w: &Tensor<Self>,
+        dy: &Tensor<Self>,
+        dx: &mut Tensor<Self>,
+        dw: Option<&mut Tensor<Self>>,
+    ) -> Result<()> {
+        self.matmul(dy, false, w, false, dx, true)?;
+        if let Some(dw) = dw {
+            self.matmul(dy, true, x, false, dw, true)?;
+        }
+        Ok(())
+    }
     /// Column sums of `x [T, N]` into `out [N]` (bias gradients), accumulating when asked.
     fn sum_rows(&self, x: &Tensor<Self>, out: &mut Tensor<Self>, accumulate: bool) -> Result<()>;
     /// Backward of [`Backend::rms_norm`]: returns `dx [T, D]` and adds the weight gradient to

@@ -30,10 +30,7 @@ fn project_backward<B: Backend>(
     dx: &mut Tensor<B>,
     g: ProjGrad<'_, B>,
 ) -> Result<()> {
-    be.matmul(dy, false, w, false, dx, true)?;
-    if let Some(gw) = g.w {
-        be.matmul(dy, true, x, false, gw, true)?;
-    }
+    be.linear_backward(x, w, dy, dx, g.w)?;
     if let Some(gb) = g.bias {
         be.sum_rows(dy, gb, true)?;
     }

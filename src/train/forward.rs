@@ -295,8 +295,17 @@ pub(crate) fn block_forward<B: Backend>(
     let s = lora.map(|lo| lo.scale()).unwrap_or(0.0);
     let h1 = be.rms_norm(&x_in, &blk.input_norm, c.rms_norm_eps)?;
     let mut q = project(be, &h1, &blk.q, blk.q_bias.as_ref(), ad(LoraTarget::Q), s)?;
-    let mut k = project(be, &h1, &blk.k, blk.k_bias.as_ref(), ad(LoraTarget::K), s)?;
-    let v = project(be, &h1, &blk.v, blk.v_bias.as_ref(), ad(LoraTarget::V), s)?;
+    let (mut k, v) = match (ad(LoraTarget::K), ad(LoraTarget::V)) {
+        (None, None) => be.linear_pair(
+            &h1,
+            (&blk.k, blk.k_bias.as_ref()),
+            (&blk.v, blk.v_bias.as_ref()),
+        )?,
+        _ => (
+            project(be, &h1, &blk.k, blk.k_bias.as_ref(), ad(LoraTarget::K), s)?,
+            project(be, &h1, &blk.v, blk.v_bias.as_ref(), ad(LoraTarget::V), s)?,
+        ),
+    };
     be.rope(&mut q, &batch.positions, c.head_dim, c.rope_theta)?;
     be.rope(&mut k, &batch.positions, c.head_dim, c.rope_theta)?;
     let (att, lse) = be.attention_train(&q, &k, &v, &batch.cu_seqlens, model.attention_shape())?;
@@ -305,8 +314,13 @@ pub(crate) fn block_forward<B: Backend>(
     be.add_assign(&mut x, &o)?;
     let x_mid = be.copy(&x)?;
     let h2 = be.rms_norm(&x_mid, &blk.post_norm, c.rms_norm_eps)?;
-    let g = project(be, &h2, &blk.gate, None, ad(LoraTarget::Gate), s)?;
-    let u = project(be, &h2, &blk.up, None, ad(LoraTarget::Up), s)?;
+    let (g, u) = match (ad(LoraTarget::Gate), ad(LoraTarget::Up)) {
+        (None, None) => be.linear_pair(&h2, (&blk.gate, None), (&blk.up, None))?,
+        (ag, au) => (
+            project(be, &h2, &blk.gate, None, ag, s)?,
+            project(be, &h2, &blk.up, None, au, s)?,
+        ),
+    };
     let m = be.swiglu(&g, &u)?;
     let dn = project(be, &m, &blk.down, None, ad(LoraTarget::Down), s)?;
     be.add_assign(&mut x, &dn)?;

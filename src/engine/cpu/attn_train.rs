@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use super::matmul::{gemm_serial, MatRef};
 use super::simd::dot;
+use super::vexp;
 use crate::engine::backend::AttentionShape;
 
 /// Queries per tile.
@@ -98,16 +99,9 @@ impl<'a> Packed<'a> {
 /// into zeros); returns the log-sum-exp of the scaled scores.
 fn softmax_causal(row: &mut [f32], visible: usize, scale: f32) -> f32 {
     let (seen, hidden) = row.split_at_mut(visible);
-    let mut mx = f32::NEG_INFINITY;
-    for x in seen.iter_mut() {
-        *x *= scale;
-        mx = mx.max(*x);
-    }
-    let mut sum = 0.0f32;
-    for x in seen.iter_mut() {
-        *x = (*x - mx).exp();
-        sum += *x;
-    }
+    let mx = vexp::scale_max(seen, scale);
+    vexp::exp_affine(seen, 1.0, mx);
+    let sum = vexp::sum(seen);
     let inv = 1.0 / sum;
     seen.iter_mut().for_each(|x| *x *= inv);
     hidden.iter_mut().for_each(|x| *x = 0.0);
@@ -233,10 +227,7 @@ fn head_backward(
             let di = dot(dout.row(i, d), o.row(i, d));
             let (pv, ph) = prow.split_at_mut(i + 1);
             let (sv_, sh_) = dsrow.split_at_mut(i + 1);
-            for (p, ds) in pv.iter_mut().zip(sv_.iter_mut()) {
-                *p = (*p * scale - li).exp();
-                *ds = *p * (*ds - di) * scale;
-            }
+            vexp::softmax_grad_row(pv, sv_, scale, li, di);
             ph.iter_mut().for_each(|x| *x = 0.0);
             sh_.iter_mut().for_each(|x| *x = 0.0);
         }

@@ -6,7 +6,8 @@
 use rayon::prelude::*;
 
 use super::attn_train::{self, Packed};
-use super::matmul::{gemm, MatRef};
+use super::matmul::{gemm, gemm_new, gemm_new_threads, gemm_threads, MatRef};
+use super::vexp;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::{AdamWParams, AttentionShape, IGNORE_TARGET};
 use crate::engine::error::{EngineError, Result};
@@ -70,6 +71,65 @@ pub fn matmul(
     };
     let cd = f32s_mut(c, "matmul")?;
     gemm(m, n, k, am, bm, cd, accumulate);
+    Ok(())
+}
+
+/// `dx += dy W` and `dw += dy^T x` (the backward of `y = x W^T`), the two products at once, each
+/// on half of the threads. The gemm crate's sums do not depend on its parallelism, so the result
+/// is the same as [`matmul`]'s in turn.
+pub fn linear_backward(
+    x: &Tensor<Cpu>,
+    w: &Tensor<Cpu>,
+    dy: &Tensor<Cpu>,
+    dx: &mut Tensor<Cpu>,
+    dw: Option<&mut Tensor<Cpu>>,
+) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    let dw = match dw {
+        Some(dw) if threads > 1 => dw,
+        dw => {
+            matmul(dy, false, w, false, dx, true)?;
+            return match dw {
+                Some(dw) => matmul(dy, true, x, false, dw, true),
+                None => Ok(()),
+            };
+        }
+    };
+    let op = "linear_backward";
+    let (m1, k1, n1) = crate::engine::shapes::matmul_dims(dy, false, w, false, dx)?;
+    let (m2, k2, n2) = crate::engine::shapes::matmul_dims(dy, true, x, false, dw)?;
+    let (o, i) = (w.shape()[0], w.shape()[1]);
+    let (dys, ws, xs) = (f32s(dy, op)?, f32s(w, op)?, f32s(x, op)?);
+    let (dxs, dws) = (f32s_mut(dx, op)?, f32s_mut(dw, op)?);
+    let half = threads / 2;
+    rayon::join(
+        || {
+            let a = MatRef {
+                data: dys,
+                rs: o,
+                cs: 1,
+            };
+            let b = MatRef {
+                data: ws,
+                rs: i,
+                cs: 1,
+            };
+            gemm_threads(m1, n1, k1, a, b, dxs, true, half);
+        },
+        || {
+            let a = MatRef {
+                data: dys,
+                rs: 1,
+                cs: o,
+            };
+            let b = MatRef {
+                data: xs,
+                rs: i,
+                cs: 1,
+            };
+            gemm_threads(m2, n2, k2, a, b, dws, true, threads - half);
+        },
+    );
     Ok(())
 }
 
@@ -299,14 +359,7 @@ pub fn swiglu_backward(
                 .zip(u.par_chunks(4096))
                 .zip(dm.par_chunks(4096)),
         )
-        .for_each(|((dg, du), ((g, u), dm))| {
-            for i in 0..g.len() {
-                let sig = 1.0 / (1.0 + (-g[i]).exp());
-                let silu = g[i] * sig;
-                du[i] = dm[i] * silu;
-                dg[i] = dm[i] * u[i] * sig * (1.0 + g[i] * (1.0 - sig));
-            }
-        });
+        .for_each(|((dg, du), ((g, u), dm))| vexp::swiglu_backward(g, u, dm, dg, du));
     Ok((tensor_f32(dg, gate.shape()), tensor_f32(du, gate.shape())))
 }
 
@@ -382,43 +435,26 @@ fn chunk_logits(
     for &r in rows {
         hb.extend_from_slice(&hs[r * d..(r + 1) * d]);
     }
-    let mut logits = vec![0.0f32; rows.len() * v];
-    gemm(
-        rows.len(),
-        v,
-        d,
-        MatRef {
-            data: &hb,
-            rs: d,
-            cs: 1,
-        },
-        MatRef {
-            data: head,
-            rs: 1,
-            cs: d,
-        },
-        &mut logits,
-        false,
-    );
-    (logits, hb)
+    let h = MatRef {
+        data: &hb,
+        rs: d,
+        cs: 1,
+    };
+    let wt = MatRef {
+        data: head,
+        rs: 1,
+        cs: d,
+    };
+    (gemm_new(rows.len(), v, d, h, wt), hb)
 }
 
 /// Turns a logits row into probabilities in place; returns `(logsumexp, entropy)`.
 fn softmax_row(row: &mut [f32]) -> (f32, f32) {
-    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut s = 0.0f64;
-    let mut sz = 0.0f64;
-    for z in row.iter_mut() {
-        let e = ((*z - m) as f64).exp();
-        if e > 0.0 {
-            // A -inf logit contributes 0 (not exp(-inf) * -inf = NaN).
-            sz += e * (*z - m) as f64;
-        }
-        s += e;
-        *z = e as f32;
-    }
+    let m = vexp::max(row);
+    // A -inf logit contributes 0 to `sz` (not exp(-inf) * -inf = NaN).
+    let (s, sz) = vexp::exp_shifted_sums(row, m);
     let inv = 1.0 / s;
-    row.iter_mut().for_each(|p| *p = (*p as f64 * inv) as f32);
+    vexp::scale_f64(row, inv);
     let lse = m as f64 + s.ln();
     // H = log s - E[z - m].
     let ent = s.ln() - sz * inv;
@@ -507,51 +543,14 @@ pub fn token_logprobs_backward(
                 }
                 row[zt] += a;
             });
-        let n = rows.len();
-        let mut dhb = vec![0.0f32; n * d];
-        gemm(
-            n,
-            d,
-            v,
-            MatRef {
-                data: &logits,
-                rs: v,
-                cs: 1,
-            },
-            MatRef {
-                data: ws,
-                rs: d,
-                cs: 1,
-            },
-            &mut dhb,
-            false,
-        );
+        if dhead.is_some() && dw_acc.is_empty() {
+            dw_acc = vec![0.0f32; v * d];
+        }
+        let dw = dhead.is_some().then_some(&mut dw_acc[..]);
+        let dhb = head_products(&logits, &hb, ws, (rows.len(), d, v), dw);
         for (i, &r) in rows.iter().enumerate() {
             dh[r * d..(r + 1) * d].copy_from_slice(&dhb[i * d..(i + 1) * d]);
         }
-        if dhead.is_none() {
-            continue;
-        }
-        if dw_acc.is_empty() {
-            dw_acc = vec![0.0f32; v * d];
-        }
-        gemm(
-            v,
-            d,
-            n,
-            MatRef {
-                data: &logits,
-                rs: 1,
-                cs: v,
-            },
-            MatRef {
-                data: &hb,
-                rs: d,
-                cs: 1,
-            },
-            &mut dw_acc,
-            true,
-        );
     }
     if let (false, Some(dhead)) = (dw_acc.is_empty(), dhead) {
         let dw = f32s_mut(dhead, op)?;
@@ -560,6 +559,55 @@ pub fn token_logprobs_backward(
             .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, &b)| *a += b));
     }
     Ok(tensor_f32(dh, &[t, d]))
+}
+
+/// The head's backward products for one chunk of `n` rows: returns `dh = dlogits head` `[n, d]`
+/// and adds `dlogits^T h` to `dw` when given, the two at once on halves of the threads.
+fn head_products(
+    dlogits: &[f32],
+    hb: &[f32],
+    head: &[f32],
+    (n, d, v): (usize, usize, usize),
+    dw: Option<&mut [f32]>,
+) -> Vec<f32> {
+    let dl = MatRef {
+        data: dlogits,
+        rs: v,
+        cs: 1,
+    };
+    let dl_t = MatRef {
+        data: dlogits,
+        rs: 1,
+        cs: v,
+    };
+    let w = MatRef {
+        data: head,
+        rs: d,
+        cs: 1,
+    };
+    let h = MatRef {
+        data: hb,
+        rs: d,
+        cs: 1,
+    };
+    let threads = rayon::current_num_threads();
+    match dw {
+        Some(dw) if threads > 1 => {
+            let half = threads / 2;
+            rayon::join(
+                || gemm_new_threads(n, d, v, dl, w, half),
+                || gemm_threads(v, d, n, dl_t, h, dw, true, threads - half),
+            )
+            .0
+        }
+        dw => {
+            let dh = gemm_new(n, d, v, dl, w);
+            if let Some(dw) = dw {
+                gemm(v, d, n, dl_t, h, dw, true);
+            }
+            dh
+        }
+    }
 }
 
 /// Sets every element.
@@ -627,11 +675,12 @@ pub fn adamw_step(
                 .zip(vs.par_chunks_mut(ELEM_BLOCK)),
         )
         .for_each(|((p, g), (m, v))| {
-            for i in 0..p.len() {
-                m[i] = hp.beta1 * m[i] + (1.0 - hp.beta1) * g[i];
-                v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g[i] * g[i];
-                let denom = v[i].sqrt() / bc2_sqrt + hp.eps;
-                p[i] = p[i] * decay - step_size * m[i] / denom;
+            // Zipped iterators (no bounds checks) so that the loop vectorises.
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                *m = hp.beta1 * *m + (1.0 - hp.beta1) * g;
+                *v = hp.beta2 * *v + (1.0 - hp.beta2) * g * g;
+                let denom = v.sqrt() / bc2_sqrt + hp.eps;
+                *p = *p * decay - step_size * *m / denom;
             }
         });
     Ok(())

@@ -33,13 +33,16 @@ pub struct MatRef<'a> {
 
 /// `c [m, n] (+)= a [m, k] @ b [k, n]` through the gemm crate; `c` is row-major and contiguous.
 pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 && m * n * k >= 32 * 32 * 32 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    gemm_with(m, n, k, a, b, c, accumulate, par);
+    gemm_with(
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        accumulate,
+        par_for(m, n, k, rayon::current_num_threads()),
+    );
 }
 
 /// [`gemm`] on the calling thread only: for products inside tasks that are already parallel.
@@ -53,6 +56,66 @@ pub fn gemm_serial(
     accumulate: bool,
 ) {
     gemm_with(m, n, k, a, b, c, accumulate, gemm::Parallelism::None);
+}
+
+/// [`gemm`] on at most `threads` of rayon's threads (for products run beside others).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_threads(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    gemm_with(m, n, k, a, b, c, accumulate, par_for(m, n, k, threads));
+}
+
+/// [`gemm`] into a new row-major `[m, n]` buffer, written without being zero-filled first.
+pub fn gemm_new(m: usize, n: usize, k: usize, a: MatRef, b: MatRef) -> Vec<f32> {
+    gemm_new_threads(m, n, k, a, b, rayon::current_num_threads())
+}
+
+/// [`gemm_new`] on at most `threads` of rayon's threads.
+pub fn gemm_new_threads(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    threads: usize,
+) -> Vec<f32> {
+    if m == 0 || n == 0 || k == 0 {
+        return vec![0.0f32; m * n];
+    }
+    let mut c: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: as in `gemm_with`; with `read_dst` false the crate writes all `m * n` elements of
+    // the buffer (k > 0) without reading them, so the length can then cover them.
+    unsafe {
+        gemm_raw(
+            m,
+            n,
+            k,
+            a,
+            b,
+            c.as_mut_ptr(),
+            false,
+            par_for(m, n, k, threads),
+        );
+        c.set_len(m * n);
+    }
+    c
+}
+
+/// Rayon parallelism on `threads` threads for products big enough to pay for it.
+fn par_for(m: usize, n: usize, k: usize, threads: usize) -> gemm::Parallelism {
+    if threads > 1 && m * n * k >= 32 * 32 * 32 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -77,12 +140,32 @@ fn gemm_with(
     }
     // SAFETY: the slices outlive the call, the strides address only elements inside them (checked
     // by the callers' shape checks), and `c` is not aliased by `a` or `b`.
+    unsafe { gemm_raw(m, n, k, a, b, c.as_mut_ptr(), accumulate, par) }
+}
+
+/// The gemm crate's product into `m * n` contiguous row-major elements at `c`.
+///
+/// # Safety
+/// `c` must be valid for `m * n` writes (and reads when `accumulate`), not aliased by `a` or `b`,
+/// and the strides of `a` and `b` must address elements inside their slices.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: *mut f32,
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
+    // SAFETY: the caller's contract.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             n as isize,
             accumulate,
@@ -129,25 +212,17 @@ pub fn linear(x: &Tensor<Cpu>, w: &Tensor<Cpu>, bias: Option<&Tensor<Cpu>>) -> R
     let mut out = if m <= SMALL_M {
         linear_small(xs, ws, m, n, k)
     } else {
-        let mut out = vec![0.0f32; m * n];
-        gemm(
-            m,
-            n,
-            k,
-            MatRef {
-                data: xs,
-                rs: k,
-                cs: 1,
-            },
-            MatRef {
-                data: ws,
-                rs: 1,
-                cs: k,
-            },
-            &mut out,
-            false,
-        );
-        out
+        let x = MatRef {
+            data: xs,
+            rs: k,
+            cs: 1,
+        };
+        let wt = MatRef {
+            data: ws,
+            rs: 1,
+            cs: k,
+        };
+        gemm_new(m, n, k, x, wt)
     };
     if let Some(b) = bias {
         out.par_chunks_mut(n.max(1)).for_each(|row| {
@@ -155,6 +230,77 @@ pub fn linear(x: &Tensor<Cpu>, w: &Tensor<Cpu>, bias: Option<&Tensor<Cpu>>) -> R
         });
     }
     Ok(tensor_f32(out, &[m, n]))
+}
+
+/// A weight and its optional bias.
+pub type Proj<'a> = (&'a Tensor<Cpu>, Option<&'a Tensor<Cpu>>);
+
+/// [`linear`] with `p1` and with `p2`: with more than one thread and more than [`SMALL_M`] rows,
+/// the two products at once, each on half of the threads (the same sums as [`linear`]'s).
+pub fn linear_pair(x: &Tensor<Cpu>, p1: Proj, p2: Proj) -> Result<(Tensor<Cpu>, Tensor<Cpu>)> {
+    let threads = rayon::current_num_threads();
+    let (m, k) = x.dims2("linear")?;
+    if threads < 2 || m <= SMALL_M {
+        return Ok((linear(x, p1.0, p1.1)?, linear(x, p2.0, p2.1)?));
+    }
+    let xs = f32s(x, "linear")?;
+    let (a, b) = (weights(p1, k)?, weights(p2, k)?);
+    let half = threads / 2;
+    let (y1, y2) = rayon::join(
+        || project_on(xs, m, k, a, half),
+        || project_on(xs, m, k, b, threads - half),
+    );
+    Ok((y1, y2))
+}
+
+/// A weight's elements, its bias's, and its output count.
+type Weights<'a> = (&'a [f32], Option<&'a [f32]>, usize);
+
+/// The checked slices of a weight `[n, k]` and its bias `[n]`.
+fn weights<'a>(p: Proj<'a>, k: usize) -> Result<Weights<'a>> {
+    let (n, k2) = p.0.dims2("linear")?;
+    let bad = |detail: String| EngineError::Shape {
+        op: "linear",
+        detail,
+    };
+    if k2 != k {
+        return Err(bad(format!("weight {:?} for inputs of {k}", p.0.shape())));
+    }
+    let bias = match p.1 {
+        Some(b) if b.dims1("linear")? != n => {
+            return Err(bad(format!("bias {:?} for {n} outputs", b.shape())))
+        }
+        Some(b) => Some(f32s(b, "linear")?),
+        None => None,
+    };
+    Ok((f32s(p.0, "linear")?, bias, n))
+}
+
+/// `x [m, k] w^T (+ bias)` on at most `threads` threads (the bias added on the calling one).
+fn project_on(
+    xs: &[f32],
+    m: usize,
+    k: usize,
+    (ws, bias, n): Weights,
+    threads: usize,
+) -> Tensor<Cpu> {
+    let x = MatRef {
+        data: xs,
+        rs: k,
+        cs: 1,
+    };
+    let wt = MatRef {
+        data: ws,
+        rs: 1,
+        cs: k,
+    };
+    let mut out = gemm_new_threads(m, n, k, x, wt, threads);
+    if let Some(b) = bias {
+        for row in out.chunks_exact_mut(n.max(1)) {
+            row.iter_mut().zip(b).for_each(|(o, &b)| *o += b);
+        }
+    }
+    tensor_f32(out, &[m, n])
 }
 
 /// The small-row kernel: every output is one fixed-order dot of a row of `x` with a row of `w`,
@@ -265,6 +411,75 @@ mod tests {
             let one = linear_small(&x[i * k..(i + 1) * k], &w, 1, n, k);
             assert_eq!(&batch[i * n..(i + 1) * n], &one[..]);
         }
+    }
+
+    #[test]
+    fn gemm_new_matches_gemm_into_zeros() {
+        let mut r = SplitMix::new(11);
+        for &(m, n, k) in &[(40, 50, 60), (33, 7, 1), (5, 3, 0)] {
+            let a: Vec<f32> = (0..m * k).map(|_| r.next_normal() as f32).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| r.next_normal() as f32).collect();
+            let am = MatRef {
+                data: &a,
+                rs: k,
+                cs: 1,
+            };
+            let bm = MatRef {
+                data: &b,
+                rs: n,
+                cs: 1,
+            };
+            let mut want = vec![0.0f32; m * n];
+            gemm(m, n, k, am, bm, &mut want, false);
+            assert_eq!(gemm_new(m, n, k, am, bm), want, "{m}x{n}x{k}");
+        }
+    }
+
+    fn rand_tensor(r: &mut SplitMix, shape: &[usize]) -> Tensor<Cpu> {
+        let n = shape.iter().product();
+        tensor_f32((0..n).map(|_| r.next_normal() as f32).collect(), shape)
+    }
+
+    fn bits(t: &Tensor<Cpu>) -> Vec<u32> {
+        f32s(t, "t").unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// `linear_pair` and `linear_backward` (the products run at once) give the bits of the
+    /// products in turn, on one thread and on three.
+    #[test]
+    fn concurrent_products_match_the_products_in_turn() {
+        use crate::engine::Backend;
+        let mut r = SplitMix::new(21);
+        let (t, i, o1, o2) = (70, 48, 40, 24);
+        let x = rand_tensor(&mut r, &[t, i]);
+        let (w1, w2) = (rand_tensor(&mut r, &[o1, i]), rand_tensor(&mut r, &[o2, i]));
+        let b1 = rand_tensor(&mut r, &[o1]);
+        let dy = rand_tensor(&mut r, &[t, o1]);
+        let dx0 = rand_tensor(&mut r, &[t, i]);
+        let dw0 = rand_tensor(&mut r, &[o1, i]);
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("thread pool");
+            pool.install(|| {
+                let (y1, y2) = Cpu.linear_pair(&x, (&w1, Some(&b1)), (&w2, None)).unwrap();
+                assert_eq!(bits(&y1), bits(&linear(&x, &w1, Some(&b1)).unwrap()));
+                assert_eq!(bits(&y2), bits(&linear(&x, &w2, None).unwrap()));
+                let (mut dx, mut dw) = (Cpu.copy(&dx0).unwrap(), Cpu.copy(&dw0).unwrap());
+                Cpu.linear_backward(&x, &w1, &dy, &mut dx, Some(&mut dw))
+                    .unwrap();
+                let (mut dx2, mut dw2) = (Cpu.copy(&dx0).unwrap(), Cpu.copy(&dw0).unwrap());
+                Cpu.matmul(&dy, false, &w1, false, &mut dx2, true).unwrap();
+                Cpu.matmul(&dy, true, &x, false, &mut dw2, true).unwrap();
+                assert_eq!(bits(&dx), bits(&dx2));
+                assert_eq!(bits(&dw), bits(&dw2));
+                [y1, y2, dx, dw].map(|t| bits(&t))
+            })
+        };
+        assert_eq!(run(1), run(3));
+        let bad = rand_tensor(&mut r, &[o2, i + 1]);
+        assert!(Cpu.linear_pair(&x, (&w1, None), (&bad, None)).is_err());
     }
 
     #[test]

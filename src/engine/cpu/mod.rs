@@ -7,6 +7,7 @@ mod grad;
 pub mod matmul;
 mod ops;
 pub mod simd;
+mod vexp;
 
 use std::sync::Arc;
 
@@ -243,6 +244,15 @@ impl Backend for Cpu {
         matmul::linear(x, w, bias)
     }
 
+    fn linear_pair(
+        &self,
+        x: &Tensor<Self>,
+        p1: (&Tensor<Self>, Option<&Tensor<Self>>),
+        p2: (&Tensor<Self>, Option<&Tensor<Self>>),
+    ) -> Result<(Tensor<Self>, Tensor<Self>)> {
+        matmul::linear_pair(x, p1, p2)
+    }
+
     fn add_assign(&self, dst: &mut Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
         ops::add_assign(dst, src)
     }
@@ -328,6 +338,17 @@ impl Backend for Cpu {
         accumulate: bool,
     ) -> Result<()> {
         grad::matmul(a, trans_a, b, trans_b, c, accumulate)
+    }
+
+    fn linear_backward(
+        &self,
+        x: &Tensor<Self>,
+        w: &Tensor<Self>,
+        dy: &Tensor<Self>,
+        dx: &mut Tensor<Self>,
+        dw: Option<&mut Tensor<Self>>,
+    ) -> Result<()> {
+        grad::linear_backward(x, w, dy, dx, dw)
     }
 
     fn sum_rows(&self, x: &Tensor<Self>, out: &mut Tensor<Self>, accumulate: bool) -> Result<()> {

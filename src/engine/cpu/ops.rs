@@ -86,11 +86,7 @@ pub fn swiglu(gate: &Tensor<Cpu>, up: &Tensor<Cpu>) -> Result<Tensor<Cpu>> {
     let mut out = vec![0.0f32; g.len()];
     out.par_chunks_mut(4096)
         .zip(g.par_chunks(4096).zip(u.par_chunks(4096)))
-        .for_each(|(o, (g, u))| {
-            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + (-g).exp()) * u;
-            }
-        });
+        .for_each(|(o, (g, u))| super::vexp::swiglu(g, u, o));
     Ok(tensor_f32(out, gate.shape()))
 }
 
