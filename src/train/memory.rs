@@ -88,7 +88,8 @@ mod tests {
     fn peak_rss_is_reported_and_grows_when_memory_is_touched() {
         let before = peak_rss_bytes().expect("VmHWM on Linux");
         assert!(before > 0);
-        let v = vec![1u8; 64 << 20];
+        // Opaque to the optimiser, which may otherwise elide an allocation it can see through.
+        let v = std::hint::black_box(vec![1u8; 64 << 20]);
         let now = rss_bytes().unwrap();
         let after = peak_rss_bytes().unwrap();
         assert!(after >= now && after >= before);
