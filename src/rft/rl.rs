@@ -389,6 +389,25 @@ fn pack_restricted(
 /// One vector of per-token values for each sequence.
 type PerSeq = Vec<Vec<f32>>;
 
+/// Per `live` rollout, `f(rollout, step, renormalised)` over its trained (not forced) response
+/// steps; `renormalised`: the update scores the step under the grammar's allowed set.
+fn per_trained_step(
+    outs: &[crate::model::generate::GenOutput],
+    rolls: &[Rollout],
+    live: &[usize],
+    f: impl Fn(&crate::model::generate::GenOutput, usize, bool) -> f32,
+) -> PerSeq {
+    live.iter()
+        .map(|&i| {
+            let (plen, rows) = (rolls[i].restrict.0, &rolls[i].restrict.1);
+            (0..outs[i].logprobs.len())
+                .filter(|&t| rolls[i].seq.mask.get(plen + t).copied() == Some(1))
+                .map(|t| f(&outs[i], t, rows.get(t).is_some_and(Option::is_some)))
+                .collect()
+        })
+        .collect()
+}
+
 /// The sampler's log-probabilities of the trained (not forced) tokens of the `live` rollouts:
 /// the policy's own at the rollout temperature, minus the allowed set's log-mass on restricted
 /// tokens (the renormalised distribution they were drawn from).
@@ -397,26 +416,10 @@ fn sampler_logprobs(
     rolls: &[Rollout],
     live: &[usize],
 ) -> PerSeq {
-    live.iter()
-        .map(|&i| {
-            outs[i]
-                .logprobs
-                .iter()
-                .enumerate()
-                .filter(|&(t, _)| {
-                    let plen = rolls[i].restrict.0;
-                    rolls[i].seq.mask.get(plen + t).copied() == Some(1)
-                })
-                .map(|(t, &lp)| {
-                    if rolls[i].restrict.1.get(t).is_some_and(Option::is_some) {
-                        lp - outs[i].allowed_logmass[t]
-                    } else {
-                        lp
-                    }
-                })
-                .collect()
-        })
-        .collect()
+    per_trained_step(outs, rolls, live, |o, t, renormalised| {
+        let mass = o.allowed_logmass.get(t).copied().filter(|_| renormalised);
+        o.logprobs[t] - mass.unwrap_or(0.0)
+    })
 }
 
 /// Per live rollout and trained token, the importance weight `old / sampler` of the token's
@@ -429,21 +432,12 @@ fn draw_weights(
     rolls: &[Rollout],
     live: &[usize],
 ) -> PerSeq {
-    live.iter()
-        .map(|&i| {
-            let (plen, rows) = (&rolls[i].restrict.0, &rolls[i].restrict.1);
-            (0..outs[i].ids.len())
-                .filter(|&t| rolls[i].seq.mask.get(plen + t).copied() == Some(1))
-                .map(|t| {
-                    let renormalised = rows.get(t).is_some_and(Option::is_some);
-                    match outs[i].allowed_logmass.get(t) {
-                        Some(&lm) if !renormalised => lm.min(0.0).exp(),
-                        _ => 1.0,
-                    }
-                })
-                .collect()
-        })
-        .collect()
+    per_trained_step(outs, rolls, live, |o, t, renormalised| {
+        match o.allowed_logmass.get(t) {
+            Some(&lm) if !renormalised => lm.min(0.0).exp(),
+            _ => 1.0,
+        }
+    })
 }
 
 /// Errors when a rollout's sampled log-probabilities do not cover its trained tokens.

@@ -205,16 +205,8 @@ fn prefill_head(
         l,
         s,
         d,
-        MatRef {
-            data: &qs[a * qf + q_off..],
-            rs: qf,
-            cs: 1,
-        },
-        MatRef {
-            data: &kc[base..],
-            rs: 1,
-            cs: kf,
-        },
+        MatRef::row_major(&qs[a * qf + q_off..], qf),
+        MatRef::col_major(&kc[base..], kf),
         &mut scores,
         false,
     );
@@ -239,16 +231,8 @@ fn prefill_head(
         l,
         d,
         s,
-        MatRef {
-            data: &scores,
-            rs: s,
-            cs: 1,
-        },
-        MatRef {
-            data: &vc[base..],
-            rs: kf,
-            cs: 1,
-        },
+        MatRef::row_major(&scores, s),
+        MatRef::row_major(&vc[base..], kf),
         &mut out,
         false,
     );

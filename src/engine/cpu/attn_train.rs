@@ -28,20 +28,12 @@ struct Head<'a> {
 impl<'a> Head<'a> {
     /// Rows from `row` on, as an `[rows, d]` operand.
     fn rows(self, row: usize) -> MatRef<'a> {
-        MatRef {
-            data: &self.data[self.off + row * self.stride..],
-            rs: self.stride,
-            cs: 1,
-        }
+        MatRef::row_major(&self.data[self.off + row * self.stride..], self.stride)
     }
 
     /// Rows from 0 on, transposed: a `[d, rows]` operand.
     fn cols(self) -> MatRef<'a> {
-        MatRef {
-            data: &self.data[self.off..],
-            rs: 1,
-            cs: self.stride,
-        }
+        MatRef::col_major(&self.data[self.off..], self.stride)
     }
 
     /// Row `row` of the head, `d` values.
@@ -124,11 +116,7 @@ fn head_forward(q: Head, k: Head, v: Head, l: usize, sh: AttentionShape) -> (Vec
         for (r, row) in scores.chunks_exact_mut(n).enumerate() {
             lse[i0 + r] = softmax_causal(row, i0 + r + 1, sh.scale);
         }
-        let p = MatRef {
-            data: &scores,
-            rs: n,
-            cs: 1,
-        };
+        let p = MatRef::row_major(&scores, n);
         gemm_serial(rows, d, n, p, v.rows(0), &mut out[i0 * d..i1 * d], false);
     }
     (out, lse)

@@ -44,30 +44,14 @@ pub fn matmul(
     let ad = f32s(a, "matmul")?;
     let bd = f32s(b, "matmul")?;
     let am = if trans_a {
-        MatRef {
-            data: ad,
-            rs: 1,
-            cs: ac,
-        }
+        MatRef::col_major(ad, ac)
     } else {
-        MatRef {
-            data: ad,
-            rs: ac,
-            cs: 1,
-        }
+        MatRef::row_major(ad, ac)
     };
     let bm = if trans_b {
-        MatRef {
-            data: bd,
-            rs: 1,
-            cs: bc,
-        }
+        MatRef::col_major(bd, bc)
     } else {
-        MatRef {
-            data: bd,
-            rs: bc,
-            cs: 1,
-        }
+        MatRef::row_major(bd, bc)
     };
     let cd = f32s_mut(c, "matmul")?;
     gemm(m, n, k, am, bm, cd, accumulate);
@@ -104,29 +88,13 @@ pub fn linear_backward(
     let half = threads / 2;
     rayon::join(
         || {
-            let a = MatRef {
-                data: dys,
-                rs: o,
-                cs: 1,
-            };
-            let b = MatRef {
-                data: ws,
-                rs: i,
-                cs: 1,
-            };
+            let a = MatRef::row_major(dys, o);
+            let b = MatRef::row_major(ws, i);
             gemm_threads(m1, n1, k1, a, b, dxs, true, half);
         },
         || {
-            let a = MatRef {
-                data: dys,
-                rs: 1,
-                cs: o,
-            };
-            let b = MatRef {
-                data: xs,
-                rs: i,
-                cs: 1,
-            };
+            let a = MatRef::col_major(dys, o);
+            let b = MatRef::row_major(xs, i);
             gemm_threads(m2, n2, k2, a, b, dws, true, threads - half);
         },
     );
@@ -435,16 +403,8 @@ fn chunk_logits(
     for &r in rows {
         hb.extend_from_slice(&hs[r * d..(r + 1) * d]);
     }
-    let h = MatRef {
-        data: &hb,
-        rs: d,
-        cs: 1,
-    };
-    let wt = MatRef {
-        data: head,
-        rs: 1,
-        cs: d,
-    };
+    let h = MatRef::row_major(&hb, d);
+    let wt = MatRef::col_major(head, d);
     (gemm_new(rows.len(), v, d, h, wt), hb)
 }
 
@@ -570,26 +530,10 @@ fn head_products(
     (n, d, v): (usize, usize, usize),
     dw: Option<&mut [f32]>,
 ) -> Vec<f32> {
-    let dl = MatRef {
-        data: dlogits,
-        rs: v,
-        cs: 1,
-    };
-    let dl_t = MatRef {
-        data: dlogits,
-        rs: 1,
-        cs: v,
-    };
-    let w = MatRef {
-        data: head,
-        rs: d,
-        cs: 1,
-    };
-    let h = MatRef {
-        data: hb,
-        rs: d,
-        cs: 1,
-    };
+    let dl = MatRef::row_major(dlogits, v);
+    let dl_t = MatRef::col_major(dlogits, v);
+    let w = MatRef::row_major(head, d);
+    let h = MatRef::row_major(hb, d);
     let threads = rayon::current_num_threads();
     match dw {
         Some(dw) if threads > 1 => {

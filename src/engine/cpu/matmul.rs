@@ -31,6 +31,18 @@ pub struct MatRef<'a> {
     pub cs: usize,
 }
 
+impl<'a> MatRef<'a> {
+    /// A row-major matrix whose rows are `rs` elements apart.
+    pub fn row_major(data: &'a [f32], rs: usize) -> Self {
+        Self { data, rs, cs: 1 }
+    }
+
+    /// A column-major matrix (the transpose of a row-major one) whose columns are `cs` apart.
+    pub fn col_major(data: &'a [f32], cs: usize) -> Self {
+        Self { data, rs: 1, cs }
+    }
+}
+
 /// `c [m, n] (+)= a [m, k] @ b [k, n]` through the gemm crate; `c` is row-major and contiguous.
 pub fn gemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
     gemm_with(
@@ -212,16 +224,8 @@ pub fn linear(x: &Tensor<Cpu>, w: &Tensor<Cpu>, bias: Option<&Tensor<Cpu>>) -> R
     let mut out = if m <= SMALL_M {
         linear_small(xs, ws, m, n, k)
     } else {
-        let x = MatRef {
-            data: xs,
-            rs: k,
-            cs: 1,
-        };
-        let wt = MatRef {
-            data: ws,
-            rs: 1,
-            cs: k,
-        };
+        let x = MatRef::row_major(xs, k);
+        let wt = MatRef::col_major(ws, k);
         gemm_new(m, n, k, x, wt)
     };
     if let Some(b) = bias {
@@ -284,16 +288,8 @@ fn project_on(
     (ws, bias, n): Weights,
     threads: usize,
 ) -> Tensor<Cpu> {
-    let x = MatRef {
-        data: xs,
-        rs: k,
-        cs: 1,
-    };
-    let wt = MatRef {
-        data: ws,
-        rs: 1,
-        cs: k,
-    };
+    let x = MatRef::row_major(xs, k);
+    let wt = MatRef::col_major(ws, k);
     let mut out = gemm_new_threads(m, n, k, x, wt, threads);
     if let Some(b) = bias {
         for row in out.chunks_exact_mut(n.max(1)) {
@@ -419,16 +415,8 @@ mod tests {
         for &(m, n, k) in &[(40, 50, 60), (33, 7, 1), (5, 3, 0)] {
             let a: Vec<f32> = (0..m * k).map(|_| r.next_normal() as f32).collect();
             let b: Vec<f32> = (0..k * n).map(|_| r.next_normal() as f32).collect();
-            let am = MatRef {
-                data: &a,
-                rs: k,
-                cs: 1,
-            };
-            let bm = MatRef {
-                data: &b,
-                rs: n,
-                cs: 1,
-            };
+            let am = MatRef::row_major(&a, k);
+            let bm = MatRef::row_major(&b, n);
             let mut want = vec![0.0f32; m * n];
             gemm(m, n, k, am, bm, &mut want, false);
             assert_eq!(gemm_new(m, n, k, am, bm), want, "{m}x{n}x{k}");
