@@ -67,7 +67,7 @@ pub fn gemm_serial(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    gemm_with(m, n, k, a, b, c, accumulate, gemm::Parallelism::None);
+    gemm_threads(m, n, k, a, b, c, accumulate, 1);
 }
 
 /// [`gemm`] on at most `threads` of rayon's threads (for products run beside others).

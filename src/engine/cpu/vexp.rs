@@ -204,7 +204,7 @@ pub fn exp_shifted_sums(row: &mut [f32], m: f32) -> (f64, f64) {
 
 /// Pairwise sum of the lanes in a fixed tree.
 #[inline(always)]
-fn reduce(a: &[f64; LANES]) -> f64 {
+fn reduce<T: Copy + std::ops::AddAssign>(a: &[T; LANES]) -> T {
     let mut w = *a;
     let mut n = LANES;
     while n > 1 {
@@ -238,14 +238,7 @@ pub fn sum(xs: &[f32]) -> f32 {
         for (l, &x) in chunks.remainder().iter().enumerate() {
             acc[l] += x;
         }
-        let mut n = LANES;
-        while n > 1 {
-            n /= 2;
-            for i in 0..n {
-                acc[i] += acc[i + n];
-            }
-        }
-        acc[0]
+        reduce(&acc)
     })
 }
 
