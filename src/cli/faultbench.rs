@@ -31,9 +31,13 @@ pub struct FaultbenchArgs {
     /// Synthetic instances the prompts come from.
     #[arg(long, default_value_t = 4)]
     pub instances: usize,
-    /// Steps per run (default 6).
+    /// Steps per run (default 8; --quick: 6).
     #[arg(long)]
     pub steps: Option<usize>,
+    /// Onset steps, comma-separated; each run draws one (default 5,6; --quick: 4,5). Each must
+    /// leave the detector's 3 warm-up steps before it and lie within the run.
+    #[arg(long)]
+    pub onsets: Option<String>,
     /// Tuning seeds, comma-separated.
     #[arg(long)]
     pub tune_seeds: Option<String>,
@@ -144,6 +148,27 @@ fn remediate_only(a: &FaultbenchArgs, cfg: &BenchConfig) -> Result<()> {
     Ok(())
 }
 
+/// Parses `--onsets`: steps after the detector's warm-up (3 steps) and within a run of `steps`.
+fn onsets(s: &str, steps: usize) -> Result<Vec<usize>> {
+    let v: Vec<usize> = s
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .with_context(|| format!("--onsets: {x:?} is not a step"))
+        })
+        .collect::<Result<_>>()?;
+    anyhow::ensure!(!v.is_empty(), "--onsets {s:?}: no onset step");
+    for &o in &v {
+        anyhow::ensure!(
+            (4..steps).contains(&o),
+            "--onsets: {o} must be at least 4 (after 3 warm-up steps) and below --steps ({steps})"
+        );
+    }
+    Ok(v)
+}
+
 fn seeds(s: &str, flag: &str) -> Result<Vec<u64>> {
     s.split(',')
         .filter(|x| !x.trim().is_empty())
@@ -169,6 +194,9 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
         if cfg.onsets.is_empty() {
             cfg.onsets = vec![s / 2];
         }
+    }
+    if let Some(o) = &a.onsets {
+        cfg.onsets = onsets(o, cfg.steps)?;
     }
     if let Some(s) = &a.tune_seeds {
         cfg.tune_seeds = seeds(s, "--tune-seeds")?;

@@ -116,13 +116,18 @@ impl BenchConfig {
         }
     }
 
-    /// The benchmark: every fault type, easy and hard on two held-out test seeds (easy on the
-    /// tuning seed), clean twins, remediation re-runs.
+    /// The benchmark: every fault type, easy and hard on the tuning seed and on two held-out
+    /// test seeds, clean twins, remediation re-runs. Runs of 8 steps with onsets 5 or 6: a
+    /// baseline of 4-5 healthy steps and 3-4 faulty ones (runs of 6 with onsets 4-5 left one
+    /// or two faulty steps, too few to see a fault that touches a third of 4 responses).
     pub fn full() -> Self {
         Self {
+            steps: 8,
+            onsets: vec![5, 6],
             faults: FaultType::ALL.to_vec(),
             test_seeds: vec![2, 3],
             strengths: vec![Strength::Easy, Strength::Hard],
+            tune_strengths: vec![Strength::Easy, Strength::Hard],
             remediation: true,
             ..Self::quick()
         }

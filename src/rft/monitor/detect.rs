@@ -324,6 +324,16 @@ pub const LIMIT_TIE: f64 = 1e-9;
 /// noise; a step whose groups all tied has correlation 0.
 pub const ADV_ANTI_CORR: f64 = -0.25;
 
+/// Chance of `run` all-zero steps in a row for a run that had `zeros` of them in `before` steps:
+/// the posterior predictive under a uniform prior on the rate (`prod_i (zeros + 1 + i) /
+/// (before + 2 + i)`), not the plug-in rate, which after three healthy steps of a small batch
+/// is far too sure that zeros are rare.
+pub fn silent_run_chance(zeros: usize, before: usize, run: usize) -> f64 {
+    (0..run)
+        .map(|i| (zeros + 1 + i) as f64 / (before + 2 + i) as f64)
+        .product()
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -377,9 +387,10 @@ impl RobustDetector {
     }
 
     /// The silent-scorer rule: every reward 0 for `silent_steps` steps in a row after a healthy
-    /// step with reward spread, and for long enough that the run's own rate of all-zero steps
-    /// before (Laplace-smoothed) makes such a run less likely than [`SILENT_ALPHA`]: a policy
-    /// that often scores nothing on a small batch is not a silent scorer after three zeros.
+    /// step with reward spread, and for long enough that the run's own history of all-zero
+    /// steps makes such a run less likely than [`SILENT_ALPHA`] ([`silent_run_chance`]): a
+    /// policy that often scores nothing on a small batch is not a silent scorer after three
+    /// zeros, nor is a run that has seen only three healthy steps.
     /// Counts the run of all-zero steps.
     fn silent_scorer(&mut self, r: &StepRecord, out: &mut Vec<Signal>) {
         let zero = |k: &str| r.get(k).is_some_and(|x| x.abs() < 1e-12);
@@ -395,17 +406,12 @@ impl RobustDetector {
         if n == 0 || !self.spread_seen {
             return;
         }
-        // The rate of all-zero steps before the current run of them.
+        // The steps before the current run of all-zero steps, and how many of them were too.
         let before = self.scored.saturating_sub(self.zero_run);
         let zeros_before = self.zeros.saturating_sub(self.zero_run);
-        let p0 = (zeros_before as f64 + 1.0) / (before as f64 + 2.0);
-        let needed = (SILENT_ALPHA.ln() / p0.ln()).ceil();
-        let needed = if needed.is_finite() && needed > 0.0 {
-            (needed as usize).max(n)
-        } else {
-            n
-        };
-        if self.zero_run >= needed {
+        if self.zero_run >= n
+            && silent_run_chance(zeros_before, before, self.zero_run) < SILENT_ALPHA
+        {
             out.push(Signal {
                 feature: "scorer_silent".into(),
                 dir: Dir::Up,
@@ -907,6 +913,27 @@ mod tests {
         assert!(!(41..=43).any(|s| d
             .observe(&silent(s))
             .is_some_and(|a| a.has("scorer_silent", Dir::Up))));
+    }
+
+    #[test]
+    fn a_short_healthy_history_needs_a_longer_run_of_zeros() {
+        // After 3 healthy steps, 3 zeros in a row have a predictive chance of 1/5 * 2/6 * 3/7
+        // (2.9 %): not yet a silent scorer; the 5th (0.8 %) is. The plug-in rate 1/5 would have
+        // alarmed at the 3rd (0.8 %).
+        assert!((silent_run_chance(0, 3, 3) - 1.0 / 35.0).abs() < 1e-12);
+        assert!(silent_run_chance(0, 3, 4) > SILENT_ALPHA);
+        assert!(silent_run_chance(0, 3, 5) < SILENT_ALPHA);
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=3 {
+            assert!(d.observe(&scored(s)).is_none(), "false alarm at {s}");
+        }
+        let first = (4..=12)
+            .find_map(|s| {
+                d.observe(&silent(s))
+                    .filter(|a| a.has("scorer_silent", Dir::Up))
+            })
+            .expect("the silent scorer was caught");
+        assert_eq!(first.step, 8, "{first:?}");
     }
 
     #[test]
