@@ -2,7 +2,9 @@
 //! check (it must catch a fault that changed nothing), and the detection / diagnosis rules added
 //! for flaky tests and length explosion on hand-made series.
 
-use sorft::rft::monitor::bench::{binomial_upper95, effects, RunRecord, RunSpec, Split};
+use sorft::rft::monitor::bench::{
+    binomial_upper95, effects, evaluate, inert_runs, BenchConfig, RunRecord, RunSpec, Split,
+};
 use sorft::rft::monitor::features::StepRecord;
 use sorft::rft::monitor::inject::Strength;
 use sorft::rft::monitor::taxonomy::FaultType;
@@ -79,6 +81,43 @@ fn the_effect_check_catches_an_injection_that_changed_nothing() {
         ),
         (0, 0)
     );
+}
+
+/// Run `id` of `seed` (split by seed: 1 tunes, 2 tests) with `fault`, RL seed `rl`.
+fn named(id: &str, seed: u64, rl: u64, fault: Option<FaultType>, rewards: &[f64]) -> RunRecord {
+    let mut r = run(fault, rewards);
+    r.spec.id = id.into();
+    r.spec.seed = seed;
+    r.spec.rl_seed = rl;
+    r.spec.split = if seed == 1 { Split::Tune } else { Split::Test };
+    r.spec.onset = 5;
+    r
+}
+
+#[test]
+fn runs_whose_fault_left_no_trace_are_scored_apart() {
+    let calm = [0.5; 7];
+    let flip = [0.5, 0.5, 0.5, 0.5, -2.0, -2.0, -2.0];
+    let recs = vec![
+        named("t-fault", 1, 1, Some(FaultType::RewardSignFlip), &flip),
+        named("t-clean", 1, 1, None, &calm),
+        named("a-fault", 2, 2, Some(FaultType::RewardSignFlip), &flip),
+        named("a-clean", 2, 2, None, &calm),
+        // The planted inert run: its records equal its twin's from the onset on.
+        named("b-fault", 2, 3, Some(FaultType::RewardSignFlip), &calm),
+        named("b-clean", 2, 3, None, &calm),
+    ];
+    let inert = inert_runs(&recs);
+    assert_eq!(inert.into_iter().collect::<Vec<_>>(), vec!["b-fault"]);
+    let r = evaluate(&recs, &BenchConfig::quick());
+    assert_eq!(r.inert, vec!["b-fault".to_string()]);
+    // Every faulty run: the inert one is a miss (recall 1/2); with it left out: 1/1.
+    let (all, eff) = (&r.scores[0], &r.effective[0]);
+    assert_eq!((all.overall.n, eff.overall.n), (2, 1));
+    assert!((all.overall.r - 0.5).abs() < 1e-12, "{:?}", all.overall);
+    assert!((eff.overall.r - 1.0).abs() < 1e-12, "{:?}", eff.overall);
+    // The clean twins stay in both; the inert run's 4 steps before its onset leave with it.
+    assert_eq!(all.clean_steps, eff.clean_steps + 4);
 }
 
 fn step(step: usize, values: &[(&str, f64)]) -> StepRecord {

@@ -564,11 +564,13 @@ pub fn tune(tune: &[&RunRecord], reward: (f64, f64)) -> Tuned {
     let grid = [3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
         .into_iter()
         .flat_map(|z| [3.0, 4.0, 6.0, 10.0, 1e9].map(|h| (z, h)))
-        .flat_map(|(z, h)| [0.0, 0.5, -1.0].map(|d| (z, h, d)));
-    for (z, h, d) in grid {
+        .flat_map(|(z, h)| [3.0, 2.0, 1.5].map(|k| (z, h, k)))
+        .flat_map(|(z, h, k)| [0.0, 0.5, -1.0].map(|d| (z, h, k, d)));
+    for (z, h, k, d) in grid {
         let c = RobustConfig {
             z_threshold: z,
             cusum_h: h,
+            cusum_k: k,
             disagree_limit: d,
             reward_range: Some(reward),
             ..RobustConfig::default()
@@ -638,6 +640,12 @@ pub struct BenchReport {
     pub errors: usize,
     /// Test-seed scores of each detector.
     pub scores: Vec<Scores>,
+    /// The same on the test runs whose fault left a trace ([`inert_runs`] left out).
+    #[serde(default)]
+    pub effective: Vec<Scores>,
+    /// Test-seed faulty runs whose injection changed nothing (ids).
+    #[serde(default)]
+    pub inert: Vec<String>,
     /// Tuning-seed scores of RFT-FM (for comparison).
     pub tune_scores: Option<Scores>,
     /// Tuned RFT-FM settings.
@@ -688,33 +696,56 @@ fn differs(a: &StepRecord, b: &StepRecord, only: Option<&str>) -> bool {
         })
 }
 
+/// The clean twin of faulty run `r` (same seed, RL seed and strength), if recorded.
+fn twin_of<'a>(records: &'a [RunRecord], r: &RunRecord) -> Option<&'a RunRecord> {
+    records.iter().find(|c| {
+        c.spec.fault.is_none()
+            && c.spec.seed == r.spec.seed
+            && c.spec.rl_seed == r.spec.rl_seed
+            && c.spec.strength == r.spec.strength
+    })
+}
+
+/// Whether faulty run `r`'s records from its onset on differ from its twin `c`'s (in `only`, or
+/// in any value but timings).
+fn changed(r: &RunRecord, c: &RunRecord, only: Option<&str>) -> bool {
+    let after = |x: &'_ RunRecord| -> Vec<StepRecord> {
+        x.steps
+            .iter()
+            .filter(|s| s.step >= r.spec.onset)
+            .cloned()
+            .collect()
+    };
+    let (fa, ca) = (after(r), after(c));
+    fa.len() != ca.len() || fa.iter().zip(&ca).any(|(a, b)| differs(a, b, only))
+}
+
+/// Ids of the faulty runs whose injection left no trace: every record from the onset on equals
+/// the clean twin's, timings aside (a shuffle of equal scores, flaky verdicts that happened to
+/// agree, a non-finite value on a step that was not drawn). No detector can tell such a run
+/// from its twin, so the benchmark scores them apart ([`BenchReport::effective`]).
+pub fn inert_runs(records: &[RunRecord]) -> std::collections::BTreeSet<String> {
+    records
+        .iter()
+        .filter(|r| r.spec.fault.is_some())
+        .filter(|r| twin_of(records, r).is_some_and(|c| !changed(r, c, None)))
+        .map(|r| r.spec.id.clone())
+        .collect()
+}
+
 /// Per fault type, how its faulty runs differ from their clean twins (same seed and RL seed).
 pub fn effects(records: &[RunRecord]) -> BTreeMap<String, Effect> {
     let mut out: BTreeMap<String, Effect> = BTreeMap::new();
     for r in records {
         let Some(ft) = r.spec.fault else { continue };
-        let twin = records.iter().find(|c| {
-            c.spec.fault.is_none()
-                && c.spec.seed == r.spec.seed
-                && c.spec.rl_seed == r.spec.rl_seed
-                && c.spec.strength == r.spec.strength
-        });
-        let Some(c) = twin else { continue };
-        let after = |x: &RunRecord| -> Vec<StepRecord> {
-            x.steps
-                .iter()
-                .filter(|s| s.step >= r.spec.onset)
-                .cloned()
-                .collect()
-        };
-        let (fa, ca) = (after(r), after(c));
-        let any = |only: Option<&str>| {
-            fa.len() != ca.len() || fa.iter().zip(&ca).any(|(a, b)| differs(a, b, only))
+        let Some(c) = twin_of(records, r) else {
+            continue;
         };
         let e = out.entry(ft.name().to_string()).or_default();
         e.runs += 1;
-        e.changed += usize::from(any(None));
-        e.reward_changed += usize::from(any(Some("reward_mean")) || any(Some("reward_std")));
+        e.changed += usize::from(changed(r, c, None));
+        e.reward_changed +=
+            usize::from(changed(r, c, Some("reward_mean")) || changed(r, c, Some("reward_std")));
         e.final_faulty += r.final_reward;
         e.final_clean += c.final_reward;
     }
@@ -828,24 +859,35 @@ pub fn write_report(out: &Path, report: &BenchReport, cfg: &BenchConfig) -> anyh
 /// Tunes the detectors on the tuning runs of `records` and scores them on the test runs.
 pub fn evaluate(records: &[RunRecord], cfg: &BenchConfig) -> BenchReport {
     let reward = reward_range(&cfg.rl);
-    let tune_runs: Vec<&RunRecord> = records
-        .iter()
-        .filter(|r| r.spec.split == Split::Tune)
-        .collect();
-    let test_runs: Vec<&RunRecord> = records
-        .iter()
-        .filter(|r| r.spec.split == Split::Test)
-        .collect();
+    let inert = inert_runs(records);
+    let split = |sp: Split, all: bool| -> Vec<&RunRecord> {
+        records
+            .iter()
+            .filter(|r| r.spec.split == sp && (all || !inert.contains(&r.spec.id)))
+            .collect()
+    };
+    let (tune_runs, test_runs) = (split(Split::Tune, false), split(Split::Test, true));
+    let effective_test = split(Split::Test, false);
+    // Tuned on the tuning runs whose fault changed something: an inert run only teaches a
+    // detector to alarm on clean-looking steps.
     let tuned = tune(&tune_runs, reward);
     let rc = tuned.robust.clone();
     let robust = move || -> Box<dyn Detector> { Box::new(RobustDetector::new(rc.clone())) };
     let z = tuned.z;
     let fixed = tuned.fixed.clone();
-    let scores = vec![
-        score(&test_runs, &robust),
-        score(&test_runs, &move || Box::new(ZScoreDetector::new(z, 3))),
-        score(&test_runs, &move || Box::new(fixed.clone())),
-    ];
+    let zscore = move || -> Box<dyn Detector> { Box::new(ZScoreDetector::new(z, 3)) };
+    let fixed = move || -> Box<dyn Detector> { Box::new(fixed.clone()) };
+    let all = |runs: &[&RunRecord]| {
+        vec![
+            score(runs, &robust),
+            score(runs, &zscore),
+            score(runs, &fixed),
+        ]
+    };
+    let scores = all(&test_runs);
+    let effective = all(&effective_test);
+    let mut inert_ids: Vec<String> = inert.into_iter().collect();
+    inert_ids.retain(|id| test_runs.iter().any(|r| &r.spec.id == id));
     let (clean_reward_mean, clean_spread_frac) = clean_rewards(records);
     BenchReport {
         steps: cfg.steps,
@@ -856,6 +898,8 @@ pub fn evaluate(records: &[RunRecord], cfg: &BenchConfig) -> BenchReport {
         errors: records.iter().filter(|r| r.error.is_some()).count(),
         tune_scores: Some(score(&tune_runs, &robust)),
         scores,
+        effective,
+        inert: inert_ids,
         robust: Some(tuned.robust.clone()),
         baselines: (tuned.z, tuned.margin),
         remediation: None,
@@ -1012,15 +1056,10 @@ fn pct(x: f64) -> String {
     format!("{:.1}", 100.0 * x)
 }
 
-/// The report's tables in Markdown.
-pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
-    let mut md = String::from("# sorft faultbench\n\n");
-    md.push_str(&format!(
-        "{} runs of {} steps ({} with errors); faults at onsets {:?}; tuned on seeds {:?}, reported on seeds {:?}; wall time {:.0} s.\n\n",
-        r.runs, r.steps, r.errors, cfg.onsets, cfg.tune_seeds, cfg.test_seeds, r.wall_s
-    ));
-    md.push_str("## Detection (test seeds)\n\n| detector | F1 easy | F1 hard | P | R | F1 | false alarms / 1000 clean steps (95% upper bound; clean steps) | mean delay (steps) | type acc. | family acc. |\n|---|---|---|---|---|---|---|---|---|---|\n");
-    for s in &r.scores {
+/// One detection table: a row per detector.
+fn detection_table(md: &mut String, scores: &[Scores]) {
+    md.push_str("| detector | F1 easy | F1 hard | P | R | F1 | false alarms / 1000 clean steps (95% upper bound; clean steps) | mean delay (steps) | type acc. | family acc. |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for s in scores {
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {:.1} (<= {:.1}; {}) | {:.2} | {} | {} |\n",
             s.detector,
@@ -1037,11 +1076,32 @@ pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
             pct(s.family_accuracy)
         ));
     }
+}
+
+/// The report's tables in Markdown.
+pub fn markdown(r: &BenchReport, cfg: &BenchConfig) -> String {
+    let mut md = String::from("# sorft faultbench\n\n");
+    md.push_str(&format!(
+        "{} runs of {} steps ({} with errors); faults at onsets {:?}; tuned on seeds {:?}, reported on seeds {:?}; wall time {:.0} s.\n\n",
+        r.runs, r.steps, r.errors, cfg.onsets, cfg.tune_seeds, cfg.test_seeds, r.wall_s
+    ));
+    md.push_str("## Detection (test seeds, every faulty run)\n\n");
+    detection_table(&mut md, &r.scores);
+    if !r.effective.is_empty() {
+        md.push_str(&format!(
+            "\n## Detection on the faults that left a trace (test seeds)\n\n{} of the test seeds' faulty runs changed nothing: from the onset on their records equal their clean twin's (timings aside), so no detector can tell them apart; they are left out here{}{}.\n\n",
+            r.inert.len(),
+            if r.inert.is_empty() { "" } else { ": " },
+            r.inert.join(", ")
+        ));
+        detection_table(&mut md, &r.effective);
+    }
     if let Some(t) = &r.tune_scores {
         md.push_str(&format!(
-            "\nRFT-FM on its tuning seeds: F1 easy {} / hard {}, false alarms {:.1} per 1000. Tuned: z {} / CUSUM h {} / answer-disagreement limit {}; z-score baseline threshold {}; static margin {}.\n",
+            "\nRFT-FM on its tuning seeds (the runs whose fault left a trace): F1 easy {} / hard {}, false alarms {:.1} per 1000. Tuned: z {} / CUSUM k {} h {} / answer-disagreement limit {}; z-score baseline threshold {}; static margin {}.\n",
             pct(t.f1_easy), pct(t.f1_hard), t.false_alarms_per_1000,
             r.robust.as_ref().map(|c| c.z_threshold).unwrap_or(0.0),
+            r.robust.as_ref().map(|c| c.cusum_k).unwrap_or(0.0),
             r.robust.as_ref().map(|c| c.cusum_h).unwrap_or(0.0),
             r.robust.as_ref().map(|c| c.disagree_limit).unwrap_or(0.0),
             r.baselines.0, r.baselines.1

@@ -118,6 +118,8 @@ pub struct Watch {
     /// that start at 0 and grow (KL to the reference), so that steady growth is judged as a
     /// ratio and a value near 0 is not `-inf`.
     pub shift: f64,
+    /// A CUSUM watches it for drifts (off: only jumps beyond the z threshold alarm).
+    pub drift: bool,
 }
 
 const fn w(name: &'static str, abs_floor: f64, rel_floor: f64, up: bool, down: bool) -> Watch {
@@ -129,6 +131,7 @@ const fn w(name: &'static str, abs_floor: f64, rel_floor: f64, up: bool, down: b
         down,
         log: false,
         shift: 0.0,
+        drift: true,
     }
 }
 
@@ -142,6 +145,15 @@ const fn wlog(name: &'static str, abs_floor: f64, up: bool, down: bool) -> Watch
         down,
         log: true,
         shift: 0.0,
+        drift: true,
+    }
+}
+
+/// A feature judged by its jumps only, without a CUSUM (see [`Watch::drift`]).
+const fn jumps_only(wch: Watch) -> Watch {
+    Watch {
+        drift: false,
+        ..wch
     }
 }
 
@@ -204,7 +216,9 @@ pub fn judged_record(r: &StepRecord) -> std::borrow::Cow<'_, StepRecord> {
 /// steps, the gradient norm by a factor of e; the entropy is judged on the log scale (a collapse
 /// is a fall by a factor, a healthy run at lr 1e-3 drifts by a third). KL to the reference
 /// grows steadily from 0 in a healthy run (roughly by 0.1 a step at lr 1e-3), so it is judged on
-/// the log scale, shifted by 0.05: a doubling is ordinary, a tenfold jump is not.
+/// the log scale, shifted by 0.05: a doubling is ordinary, a tenfold jump is not. The gradient
+/// norm drifts in a healthy run as the policy moves (a CUSUM on it alarmed on a clean tuning run
+/// of the 8-step faultbench and caught no fault another rule missed), so only its jumps count.
 pub const WATCHED: &[Watch] = &[
     w("reward_mean", 0.25, 0.0, true, true),
     w("reward_std", 0.25, 0.0, true, true),
@@ -218,7 +232,7 @@ pub const WATCHED: &[Watch] = &[
     wlog("max_ratio", 0.5, true, false),
     w("approx_kl", 0.02, 0.5, true, false),
     w("logprob_mismatch", 0.02, 0.5, true, false),
-    wlog("grad_norm", 1.0, true, true),
+    jumps_only(wlog("grad_norm", 1.0, true, true)),
     w("response_len", 1.0, 0.2, true, true),
     w("trunc_rate", 0.15, 0.0, true, false),
     w("repetition", 0.1, 0.0, true, false),
@@ -506,7 +520,9 @@ impl RobustDetector {
                 // A jump the z-score flags adds at most the z threshold to the drift sum, so
                 // one spike does not keep the CUSUM alarming for the steps after it.
                 let c = self.cusum.entry((wch.name, up)).or_insert(0.0);
-                *c = (*c + zd.min(self.cfg.z_threshold) - self.cfg.cusum_k).max(0.0);
+                if wch.drift {
+                    *c = (*c + zd.min(self.cfg.z_threshold) - self.cfg.cusum_k).max(0.0);
+                }
                 if zd > self.cfg.z_threshold + LIMIT_TIE {
                     out.push(Signal {
                         feature: wch.name.to_string(),
@@ -934,6 +950,33 @@ mod tests {
             })
             .expect("the silent scorer was caught");
         assert_eq!(first.step, 8, "{first:?}");
+    }
+
+    #[test]
+    fn the_gradient_norm_alarms_on_a_jump_not_on_a_drift() {
+        // Steps whose groups tied have tiny gradients; once rewards spread, the norm sits ~60x
+        // higher (ln 60 = 4.1 sigma on the log floor 1): a drift a CUSUM would add up to an
+        // alarm after two steps, and an ordinary run of a policy that starts to earn rewards.
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=4 {
+            assert!(d.observe(&rec(s, &[("grad_norm", 0.01)])).is_none());
+        }
+        for s in 5..=9 {
+            let a = d.observe(&rec(s, &[("grad_norm", 0.6)]));
+            assert!(a.is_none(), "drift alarmed at {s}: {a:?}");
+        }
+        // The planted fault: a 1000x spike.
+        let a = d
+            .observe(&rec(10, &[("grad_norm", 10.0)]))
+            .expect("the spike alarms");
+        assert!(a.has("grad_norm", Dir::Up), "{a:?}");
+        // Another drifting feature still adds up (the CUSUM is off for the gradient norm only).
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=4 {
+            assert!(d.observe(&rec(s, &[("response_len", 50.0)])).is_none());
+        }
+        let drift = (5..=9).find_map(|s| d.observe(&rec(s, &[("response_len", 90.0)])));
+        assert!(drift.is_some_and(|a| a.has("response_len", Dir::Up)));
     }
 
     #[test]
