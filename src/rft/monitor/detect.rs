@@ -196,9 +196,16 @@ pub const UPDATE_FEATURES: &[&str] = &[
 ];
 
 /// The record as RFT-FM judges it: on a step that updated no sequence (`trained_sequences`
-/// recorded as 0), the update's features are dropped and `entropy` becomes `surprisal`.
+/// recorded as 0), the update's features are dropped and `entropy` becomes `surprisal`; on a
+/// step whose every group tied (`zero_std_frac` 1: no advantage), the gradient norm measures
+/// only the entropy and KL terms, a regime 10-100x below the others, and is dropped.
 pub fn judged_record(r: &StepRecord) -> std::borrow::Cow<'_, StepRecord> {
     if r.get("trained_sequences") != Some(0.0) {
+        if r.get("zero_std_frac") == Some(1.0) && r.get("grad_norm").is_some() {
+            let mut out = r.clone();
+            out.values.remove("grad_norm");
+            return std::borrow::Cow::Owned(out);
+        }
         return std::borrow::Cow::Borrowed(r);
     }
     let mut out = r.clone();
@@ -214,7 +221,10 @@ pub fn judged_record(r: &StepRecord) -> std::borrow::Cow<'_, StepRecord> {
 /// The features RFT-FM watches, with noise floors set for batches of a few to a few dozen
 /// responses: the mean and spread of a handful of 0/1-ish rewards move by 0.25 between healthy
 /// steps, the gradient norm by a factor of e; the entropy is judged on the log scale (a collapse
-/// is a fall by a factor, a healthy run at lr 1e-3 drifts by a third). KL to the reference
+/// is a fall by a factor; a healthy run at lr 1e-3 with an entropy bonus can triple it in five
+/// steps, hence the floor 0.35); all 4 responses of two long prompts can hit the token budget
+/// in a healthy step, so one such step is 5 sigma of truncation, not more, and it takes a
+/// second (the CUSUM) to alarm. KL to the reference
 /// grows steadily from 0 in a healthy run (roughly by 0.1 a step at lr 1e-3), so it is judged on
 /// the log scale, shifted by 0.05: a doubling is ordinary, a tenfold jump is not. The gradient
 /// norm drifts in a healthy run as the policy moves (a CUSUM on it alarmed on a clean tuning run
@@ -224,7 +234,7 @@ pub const WATCHED: &[Watch] = &[
     w("reward_std", 0.25, 0.0, true, true),
     w("zero_std_frac", 0.3, 0.0, true, false),
     w("prompt_unique_frac", 0.1, 0.0, false, true),
-    wlog("entropy", 0.25, true, true),
+    wlog("entropy", 0.35, true, true),
     wlog("surprisal", 0.25, true, true),
     wlog_shift("kl", 0.7, KL_SHIFT, true),
     wlog_shift("kl_k3", 0.7, KL_SHIFT, true),
@@ -234,7 +244,7 @@ pub const WATCHED: &[Watch] = &[
     w("logprob_mismatch", 0.02, 0.5, true, false),
     jumps_only(wlog("grad_norm", 1.0, true, true)),
     w("response_len", 1.0, 0.2, true, true),
-    w("trunc_rate", 0.15, 0.0, true, false),
+    w("trunc_rate", 0.2, 0.0, true, false),
     w("repetition", 0.1, 0.0, true, false),
     w("unique_ratio", 0.1, 0.0, false, true),
     w("empty_rate", 0.15, 0.0, true, false),
@@ -980,6 +990,51 @@ mod tests {
     }
 
     #[test]
+    fn tied_steps_gradients_stay_out_of_the_gradient_norm_baseline() {
+        // Tied steps (every group's rewards equal) have only the entropy and KL gradients.
+        let step = |s: usize, tied: bool, g: f64| {
+            rec(
+                s,
+                &[
+                    ("grad_norm", g),
+                    ("zero_std_frac", if tied { 1.0 } else { 0.5 }),
+                    ("trained_sequences", 4.0),
+                ],
+            )
+        };
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=6 {
+            let tied = s % 2 == 0;
+            let a = d.observe(&step(s, tied, if tied { 0.01 } else { 0.5 }));
+            assert!(a.is_none(), "{s}: {a:?}");
+        }
+        // 10x a spread step's norm: ordinary against spread steps (ln 10 = 2.3 sigma), 500x
+        // against a baseline that mixed in the tied ones.
+        assert!(d.observe(&step(7, false, 5.0)).is_none());
+        // The planted fault: a 1000x spike still alarms.
+        let a = d.observe(&step(8, false, 500.0)).expect("the spike alarms");
+        assert!(a.has("grad_norm", Dir::Up), "{a:?}");
+    }
+
+    #[test]
+    fn one_step_all_at_the_token_budget_is_not_a_fault_and_two_are() {
+        let step = |s: usize, t: f64| rec(s, &[("trunc_rate", t)]);
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=4 {
+            assert!(d.observe(&step(s, 0.0)).is_none());
+        }
+        assert!(d.observe(&step(5, 1.0)).is_none(), "one step alarmed");
+        assert!(d.observe(&step(6, 0.0)).is_none());
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=4 {
+            assert!(d.observe(&step(s, 0.0)).is_none());
+        }
+        assert!(d.observe(&step(5, 1.0)).is_none());
+        let a = d.observe(&step(6, 1.0)).expect("two steps alarm");
+        assert!(a.has("trunc_rate", Dir::Up), "{a:?}");
+    }
+
+    #[test]
     fn late_onsets_are_caught_at_their_step_after_a_long_clean_stretch() {
         // A jump (entropy collapse) at step 57, after 56 noisy clean steps: no alarm before, an
         // alarm at the onset, whatever the baseline window forgot.
@@ -1234,10 +1289,10 @@ mod tests {
                 "step {s}"
             );
         }
-        // Two large steps in a row (x3.1, z 4.5 on the log scale, under the z threshold) still
-        // accumulate: the CUSUM's job.
-        assert!(d.observe(&rec(15, &[("entropy", 0.62)])).is_none());
-        let a = d.observe(&rec(16, &[("entropy", 0.62)])).unwrap();
+        // Two large steps in a row (x4.85, z 4.5 on the log scale, under the z threshold)
+        // still accumulate: the CUSUM's job.
+        assert!(d.observe(&rec(15, &[("entropy", 0.97)])).is_none());
+        let a = d.observe(&rec(16, &[("entropy", 0.97)])).unwrap();
         assert_eq!(a.signals[0].rule, Rule::Cusum);
     }
 
@@ -1286,16 +1341,16 @@ mod tests {
 
     #[test]
     fn a_rate_move_exactly_on_the_threshold_does_not_alarm_and_a_full_one_does() {
-        // Four responses a step: 3 of 4 truncated over the floor 0.15 is 5.0 sigma (rounded
-        // to 5.000000000000001), on the limit, not beyond it.
+        // Four responses a step: 3 of 4 empty over the floor 0.15 is 5.0 sigma (rounded to
+        // 5.000000000000001), on the limit, not beyond it.
         let mut d = RobustDetector::new(RobustConfig::default());
         for s in 1..=4 {
-            assert!(d.observe(&rec(s, &[("trunc_rate", 0.0)])).is_none());
+            assert!(d.observe(&rec(s, &[("empty_rate", 0.0)])).is_none());
         }
-        assert!(d.observe(&rec(5, &[("trunc_rate", 0.75)])).is_none());
-        assert!(d.observe(&rec(6, &[("trunc_rate", 0.0)])).is_none());
-        let a = d.observe(&rec(7, &[("trunc_rate", 1.0)])).expect("4 of 4");
-        assert!(a.has("trunc_rate", Dir::Up));
+        assert!(d.observe(&rec(5, &[("empty_rate", 0.75)])).is_none());
+        assert!(d.observe(&rec(6, &[("empty_rate", 0.0)])).is_none());
+        let a = d.observe(&rec(7, &[("empty_rate", 1.0)])).expect("4 of 4");
+        assert!(a.has("empty_rate", Dir::Up));
     }
 
     #[test]
@@ -1320,13 +1375,13 @@ mod tests {
     fn an_alarm_carries_the_sub_threshold_z_scores_of_its_step() {
         let mut d = RobustDetector::new(RobustConfig::default());
         for s in 1..=4 {
-            let r = rec(s, &[("trunc_rate", 0.0), ("response_len", 70.0)]);
+            let r = rec(s, &[("empty_rate", 0.0), ("response_len", 70.0)]);
             assert!(d.observe(&r).is_none());
         }
         // Length 70 -> 7 with floor 0.2 * 70 = 14: z -4.5, under the threshold.
         let a = d
-            .observe(&rec(5, &[("trunc_rate", 1.0), ("response_len", 7.0)]))
-            .expect("truncation");
+            .observe(&rec(5, &[("empty_rate", 1.0), ("response_len", 7.0)]))
+            .expect("empty responses");
         assert!(!a.has("response_len", Dir::Down));
         let z = a.context.get("response_len").copied().unwrap_or(0.0);
         assert!((z + 4.5).abs() < 1e-9, "{z}");
