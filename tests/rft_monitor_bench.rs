@@ -118,6 +118,15 @@ fn runs_whose_fault_left_no_trace_are_scored_apart() {
     assert!((eff.overall.r - 1.0).abs() < 1e-12, "{:?}", eff.overall);
     // The clean twins stay in both; the inert run's 4 steps before its onset leave with it.
     assert_eq!(all.clean_steps, eff.clean_steps + 4);
+    // The split follows the seeds asked for, not the label stored with a record: seed 1 held
+    // out has one faulty run, none inert.
+    let swapped = BenchConfig {
+        tune_seeds: vec![2],
+        test_seeds: vec![1],
+        ..BenchConfig::quick()
+    };
+    let r = evaluate(&recs, &swapped);
+    assert_eq!((r.scores[0].overall.n, r.inert.len()), (1, 0));
 }
 
 fn step(step: usize, values: &[(&str, f64)]) -> StepRecord {

@@ -802,7 +802,13 @@ pub fn run_bench<B: Backend>(
     let mut records = Vec::new();
     for (i, spec) in all.iter().enumerate() {
         if let Some(r) = load_record(&out.join("runs").join(&spec.id))? {
-            if r.spec == *spec {
+            // The split is a label of the seed, not part of the run: a seed moved from the test
+            // to the tuning seeds keeps its records.
+            let same_run = RunSpec {
+                split: spec.split,
+                ..r.spec.clone()
+            };
+            if same_run == *spec {
                 progress(&format!("[{}/{}] {} recorded", i + 1, all.len(), spec.id));
                 records.push(r);
                 continue;
@@ -860,10 +866,21 @@ pub fn write_report(out: &Path, report: &BenchReport, cfg: &BenchConfig) -> anyh
 pub fn evaluate(records: &[RunRecord], cfg: &BenchConfig) -> BenchReport {
     let reward = reward_range(&cfg.rl);
     let inert = inert_runs(records);
+    // The split of a run is its seed's in `cfg` (records of other seeds are left out), not the
+    // one stored with it: the same records can be scored with other seeds held out.
+    let split_of = |r: &RunRecord| {
+        if cfg.test_seeds.contains(&r.spec.seed) {
+            Some(Split::Test)
+        } else if cfg.tune_seeds.contains(&r.spec.seed) {
+            Some(Split::Tune)
+        } else {
+            None
+        }
+    };
     let split = |sp: Split, all: bool| -> Vec<&RunRecord> {
         records
             .iter()
-            .filter(|r| r.spec.split == sp && (all || !inert.contains(&r.spec.id)))
+            .filter(|r| split_of(r) == Some(sp) && (all || !inert.contains(&r.spec.id)))
             .collect()
     };
     let (tune_runs, test_runs) = (split(Split::Tune, false), split(Split::Test, true));
@@ -995,7 +1012,7 @@ pub fn remediate_phase<B: Backend>(
     };
     let faulty: Vec<&RunRecord> = records
         .iter()
-        .filter(|r| r.spec.split == Split::Test)
+        .filter(|r| cfg.test_seeds.contains(&r.spec.seed))
         .filter(|r| {
             r.spec.fault.is_some_and(|f| {
                 cfg.faults.contains(&f) && (f.recoverable() || cfg.rerun_unrecoverable)
