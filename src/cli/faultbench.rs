@@ -283,3 +283,17 @@ pub fn run(a: FaultbenchArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::onsets;
+
+    #[test]
+    fn onsets_must_follow_the_warm_up_and_lie_within_the_run() {
+        assert_eq!(onsets("5, 6", 8).ok(), Some(vec![5, 6]));
+        for bad in ["3", "8", "5,x", "", ","] {
+            let e = onsets(bad, 8).expect_err(bad).to_string();
+            assert!(e.starts_with("--onsets"), "{bad:?}: {e}");
+        }
+    }
+}

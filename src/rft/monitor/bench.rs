@@ -1005,11 +1005,6 @@ pub fn remediate_phase<B: Backend>(
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<RemediationScores> {
     let mut rs = RemediationScores::default();
-    let twin = |r: &RunRecord| {
-        records.iter().find(|c| {
-            c.spec.fault.is_none() && c.spec.rl_seed == r.spec.rl_seed && c.spec.seed == r.spec.seed
-        })
-    };
     let faulty: Vec<&RunRecord> = records
         .iter()
         .filter(|r| cfg.test_seeds.contains(&r.spec.seed))
@@ -1021,7 +1016,9 @@ pub fn remediate_phase<B: Backend>(
         .collect();
     for (i, r) in faulty.iter().enumerate() {
         let Some(ft) = r.spec.fault else { continue };
-        let Some(clean) = twin(r) else { continue };
+        let Some(clean) = twin_of(records, r) else {
+            continue;
+        };
         let m = run_one(
             be,
             model_dir,
