@@ -903,8 +903,11 @@ pub fn evaluate(records: &[RunRecord], cfg: &BenchConfig) -> BenchReport {
     };
     let scores = all(&test_runs);
     let effective = all(&effective_test);
-    let mut inert_ids: Vec<String> = inert.into_iter().collect();
-    inert_ids.retain(|id| test_runs.iter().any(|r| &r.spec.id == id));
+    let inert_ids: Vec<String> = test_runs
+        .iter()
+        .filter(|r| inert.contains(&r.spec.id))
+        .map(|r| r.spec.id.clone())
+        .collect();
     let (clean_reward_mean, clean_spread_frac) = clean_rewards(records);
     BenchReport {
         steps: cfg.steps,

@@ -228,7 +228,8 @@ pub fn judged_record(r: &StepRecord) -> std::borrow::Cow<'_, StepRecord> {
 /// grows steadily from 0 in a healthy run (roughly by 0.1 a step at lr 1e-3), so it is judged on
 /// the log scale, shifted by 0.05: a doubling is ordinary, a tenfold jump is not. The gradient
 /// norm drifts in a healthy run as the policy moves (a CUSUM on it alarmed on a clean tuning run
-/// of the 8-step faultbench and caught no fault another rule missed), so only its jumps count.
+/// of the 8-step faultbench, and its one other catch, a hard empty-outputs run, drifted the same
+/// way as that run's clean twin), so only its jumps count.
 pub const WATCHED: &[Watch] = &[
     w("reward_mean", 0.25, 0.0, true, true),
     w("reward_std", 0.25, 0.0, true, true),
@@ -529,10 +530,13 @@ impl RobustDetector {
                 let dir = if up { Dir::Up } else { Dir::Down };
                 // A jump the z-score flags adds at most the z threshold to the drift sum, so
                 // one spike does not keep the CUSUM alarming for the steps after it.
-                let c = self.cusum.entry((wch.name, up)).or_insert(0.0);
-                if wch.drift {
+                let c = if wch.drift {
+                    let c = self.cusum.entry((wch.name, up)).or_insert(0.0);
                     *c = (*c + zd.min(self.cfg.z_threshold) - self.cfg.cusum_k).max(0.0);
-                }
+                    *c
+                } else {
+                    0.0
+                };
                 if zd > self.cfg.z_threshold + LIMIT_TIE {
                     out.push(Signal {
                         feature: wch.name.to_string(),
@@ -540,11 +544,11 @@ impl RobustDetector {
                         score: zd,
                         rule: Rule::RobustZ,
                     });
-                } else if *c > self.cfg.cusum_h + LIMIT_TIE {
+                } else if c > self.cfg.cusum_h + LIMIT_TIE {
                     out.push(Signal {
                         feature: wch.name.to_string(),
                         dir,
-                        score: *c,
+                        score: c,
                         rule: Rule::Cusum,
                     });
                 }
@@ -1002,17 +1006,20 @@ mod tests {
                 ],
             )
         };
+        // A policy that starts to earn rewards: tied steps first, spread steps among them.
         let mut d = RobustDetector::new(RobustConfig::default());
-        for s in 1..=6 {
-            let tied = s % 2 == 0;
+        for s in 1..=8 {
+            let tied = !(4..=6).contains(&s);
             let a = d.observe(&step(s, tied, if tied { 0.01 } else { 0.5 }));
             assert!(a.is_none(), "{s}: {a:?}");
         }
         // 10x a spread step's norm: ordinary against spread steps (ln 10 = 2.3 sigma), 500x
-        // against a baseline that mixed in the tied ones.
-        assert!(d.observe(&step(7, false, 5.0)).is_none());
+        // (6.2 sigma) against a baseline of the tied ones.
+        assert!(d.observe(&step(9, false, 5.0)).is_none());
         // The planted fault: a 1000x spike still alarms.
-        let a = d.observe(&step(8, false, 500.0)).expect("the spike alarms");
+        let a = d
+            .observe(&step(10, false, 500.0))
+            .expect("the spike alarms");
         assert!(a.has("grad_norm", Dir::Up), "{a:?}");
     }
 
