@@ -152,24 +152,31 @@ fn duplicated_prompts_are_quarantined_and_broken_rewards_stop_the_run() {
     ));
     let mut sup = Supervisor::new(MonitorMode::Remediate, &tr.cfg);
     sup.start(&tr, &policy).unwrap();
-    // The hard rule needs no warm-up? prompt_unique_frac is statistical: feed healthy steps
-    // first by disarming, then re-arm.
+    // Healthy steps first (disarmed), then the fault: batches of one prompt are judged by the
+    // chance of such a run under uniform draws, which a step or two brings below 1/1000.
     tr.fault.as_mut().unwrap().armed = false;
     for _ in 0..3 {
         let mut m = tr.step(&mut policy, &reference, &tok, &items).unwrap();
         sup.after_step(&mut tr, &mut policy, &mut m).unwrap();
     }
     tr.fault.as_mut().unwrap().armed = true;
-    let mut m = tr.step(&mut policy, &reference, &tok, &items).unwrap();
-    assert_eq!(m.health.prompt_unique_frac, 0.25);
-    let dup = tr.last_chosen[0];
-    sup.after_step(&mut tr, &mut policy, &mut m).unwrap();
-    assert_eq!(
-        m.monitor.last().unwrap().action,
-        Some(Action::QuarantinePrompts { prompts: vec![dup] }),
-        "{:?}",
-        m.monitor
-    );
+    let pool = tr.prompts_len();
+    let chance_of_one = 1.0 / (pool as f64).powi(3);
+    let mut acted = None;
+    for _ in 0..3 {
+        let mut m = tr.step(&mut policy, &reference, &tok, &items).unwrap();
+        assert_eq!(m.health.prompt_unique_frac, 0.25);
+        let c = m.health.prompt_dup_chance.unwrap();
+        assert!((c - chance_of_one).abs() < 1e-12, "{c} vs {chance_of_one}");
+        let dup = tr.last_chosen[0];
+        sup.after_step(&mut tr, &mut policy, &mut m).unwrap();
+        if let Some(a) = m.monitor.last().and_then(|e| e.action.clone()) {
+            acted = Some((a, dup));
+            break;
+        }
+    }
+    let (action, dup) = acted.expect("the duplicated prompts were acted on");
+    assert_eq!(action, Action::QuarantinePrompts { prompts: vec![dup] });
     assert!(tr.quarantined.contains(&dup));
     let _ = tr.step(&mut policy, &reference, &tok, &items).unwrap();
     assert!(!tr.last_chosen.contains(&dup));

@@ -185,18 +185,24 @@ fn a_run_killed_after_a_quarantine_resumes_with_its_quarantine_and_healthy_snaps
             group_size: 1,
             ..base_cfg()
         },
-        // One prompt fills every batch from step 2: quarantined, the run trains on.
+        // One prompt fills every batch from step 2; two such batches of 4 from this pool are
+        // too unlikely for chance (under 1/1000): quarantined at step 3, the run trains on.
         fault: Injection::new(FaultType::DuplicatedPrompts, Strength::Easy, 2, 7),
     };
-    let (a, ck) = case.check(2);
+    let (a, ck) = case.check(3);
     let st = MonitorState::load(&ck).unwrap().unwrap();
+    assert!(
+        a.metrics[1].monitor.is_empty(),
+        "{:?}",
+        a.metrics[1].monitor
+    );
     let Some(Action::QuarantinePrompts { prompts }) =
-        a.metrics[1].monitor.first().and_then(|e| e.action.clone())
+        a.metrics[2].monitor.first().and_then(|e| e.action.clone())
     else {
-        panic!("{:?}", a.metrics[1].monitor)
+        panic!("{:?}", a.metrics[2].monitor)
     };
     assert_eq!(st.quarantined, prompts.iter().copied().collect());
     // No rollback: the last healthy weights (after step 1) differ from the policy and are saved.
     assert!(ck.join(SNAPSHOT_FILE).exists());
-    assert!(st.supervisor.pending == Some(2));
+    assert!(st.supervisor.pending == Some(3));
 }

@@ -582,6 +582,11 @@ pub struct RolloutLog {
 }
 
 impl<B: Backend> RlTrainer<B> {
+    /// How many prompts the trainer draws from (those that fit the prompt budget).
+    pub fn prompts_len(&self) -> usize {
+        self.prompts.len()
+    }
+
     /// A trainer for `policy` over `items`.
     pub fn new(
         policy: &Model<B>,
@@ -733,8 +738,17 @@ impl<B: Backend> RlTrainer<B> {
             cfg.dynamic_sampling,
             cfg.max_refill,
         );
+        // Uniform draws from the prompts not quarantined (all of them: `allowed[i] == i`).
+        let allowed: Vec<usize> = (0..self.prompts.len())
+            .filter(|p| !self.quarantined.contains(p))
+            .collect();
+        let allowed = if allowed.is_empty() {
+            (0..self.prompts.len()).collect()
+        } else {
+            allowed
+        };
         let mut chosen: Vec<usize> = (0..n_sample)
-            .map(|_| rng.below(self.prompts.len() as u64) as usize)
+            .map(|_| allowed[rng.below(allowed.len() as u64) as usize])
             .collect();
         if cfg.dynamic_sampling {
             let sat = self.saturation.saturated(cfg.saturate_after);
@@ -819,11 +833,14 @@ impl<B: Backend> RlTrainer<B> {
             record_of,
             cfg.edit_reward,
         )?;
+        let mut audits = Vec::with_capacity(outs.len());
         for (j, o) in outs.iter().enumerate() {
             let gi = j / cfg.group_size.max(1);
             let (item, prompt) = (&self.prompts[chosen[gi]].0, &self.prompts[chosen[gi]].1);
             let rec = &items[*item].record;
             let mut r = rec.reward(&o.text, cfg.edit_reward);
+            // The monitor's audit: the rule score, where it is the reward.
+            audits.push(executed[j].is_none().then_some(r.reward));
             let mut reason = r.zero_reason.as_ref().map(zero_reason_name);
             if let Some(x) = executed[j] {
                 if x == 0.0 && reason.is_none() {
@@ -892,6 +909,16 @@ impl<B: Backend> RlTrainer<B> {
             f.on_scores(self.step, &mut scores);
         }
         m.health = health::rollout_health(&outs, &scores, &chosen, cfg.group_size, &m.zero_reasons);
+        m.health.audit = health::reward_audit(&scores, &audits);
+        let distinct = chosen
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        m.health.prompt_dup_chance = Some(health::duplicate_chance(
+            chosen.len(),
+            distinct,
+            allowed.len(),
+        ));
         // Non-finite rewards are counted (a fault) and zeroed so they never reach the weights.
         for (r, s) in rolls.iter_mut().zip(scores.iter_mut()) {
             if !s.is_finite() {

@@ -198,22 +198,37 @@ pub const UPDATE_FEATURES: &[&str] = &[
 /// The record as RFT-FM judges it: on a step that updated no sequence (`trained_sequences`
 /// recorded as 0), the update's features are dropped and `entropy` becomes `surprisal`; on a
 /// step whose every group tied (`zero_std_frac` 1: no advantage), the gradient norm measures
-/// only the entropy and KL terms, a regime 10-100x below the others, and is dropped.
+/// only the entropy and KL terms, a regime 10-100x below the others, and the advantages'
+/// correlation with the rewards is undefined (recorded as 0): both are dropped. Where the
+/// record has `prompt_dup_chance`, `prompt_unique_frac` is left to the chance rule (a batch of
+/// two prompts drawn from a dozen repeats one in 1 step of 12 by chance).
 pub fn judged_record(r: &StepRecord) -> std::borrow::Cow<'_, StepRecord> {
-    if r.get("trained_sequences") != Some(0.0) {
-        if r.get("zero_std_frac") == Some(1.0) && r.get("grad_norm").is_some() {
-            let mut out = r.clone();
-            out.values.remove("grad_norm");
-            return std::borrow::Cow::Owned(out);
-        }
+    let tied = r.get("zero_std_frac") == Some(1.0);
+    let untrained = r.get("trained_sequences") == Some(0.0);
+    let by_chance = r.get("prompt_dup_chance").is_some();
+    let drops: &[&str] = match (untrained, tied) {
+        (true, _) => UPDATE_FEATURES,
+        // No advantage: the gradient norm is another regime and the correlation undefined.
+        (false, true) => &["grad_norm", "adv_reward_corr"],
+        (false, false) => &[],
+    };
+    let touched = drops.iter().any(|f| r.values.contains_key(*f))
+        || (by_chance && r.values.contains_key("prompt_unique_frac"));
+    if !touched {
         return std::borrow::Cow::Borrowed(r);
     }
     let mut out = r.clone();
-    for f in UPDATE_FEATURES {
+    for f in drops {
         out.values.remove(*f);
     }
-    if let Some(e) = out.values.remove("entropy") {
-        out.values.insert("surprisal".into(), e);
+    // Repeated prompts are judged by their chance under uniform draws where it is recorded.
+    if by_chance {
+        out.values.remove("prompt_unique_frac");
+    }
+    if untrained {
+        if let Some(e) = out.values.remove("entropy") {
+            out.values.insert("surprisal".into(), e);
+        }
     }
     std::borrow::Cow::Owned(out)
 }
@@ -260,6 +275,10 @@ pub const WATCHED: &[Watch] = &[
 /// The shift of the KL features' log scale (see [`Watch::shift`]).
 pub const KL_SHIFT: f64 = 0.05;
 
+/// How the audited rewards disagree (read by the diagnosis; see
+/// [`super::features::RewardAudit`]).
+pub const AUDIT_PATTERN: &[&str] = &["audit_up", "audit_down", "audit_offgrid", "audit_permuted"];
+
 /// Settings read by the hard rules: they jump rather than drift.
 pub const SETTINGS: &[&str] = &["lr", "kl_coef", "clip_eps", "temperature"];
 
@@ -289,6 +308,13 @@ pub struct RobustConfig {
     /// Share of identical answers to one prompt scored differently above which the scorer is
     /// judged flaky (`answer_disagree`; a deterministic scorer gives 0); negative: off.
     pub disagree_limit: f64,
+    /// Mean gap between the rewards and their audit (`audit_gap`; 0 in a healthy step) above
+    /// which the reward path is judged faulty; negative: off.
+    pub audit_limit: f64,
+    /// Chance under uniform draws of a run of batches repeating prompts this much
+    /// (`prompt_dup_chance` multiplied over consecutive steps with repeats) below which the
+    /// prompts are judged duplicated; 0: off.
+    pub dup_alpha: f64,
 }
 
 impl Default for RobustConfig {
@@ -304,6 +330,8 @@ impl Default for RobustConfig {
             sandbox_limit: 0.25,
             silent_steps: 3,
             disagree_limit: 0.0,
+            audit_limit: 1e-6,
+            dup_alpha: 1e-3,
         }
     }
 }
@@ -325,6 +353,8 @@ pub struct RobustDetector {
     scored: usize,
     /// See `scored`.
     zeros: usize,
+    /// Product of `prompt_dup_chance` over the current run of steps that repeated prompts.
+    dup_run: f64,
     /// The z-scores of the current step (see [`Alarm::context`]).
     context: BTreeMap<String, f64>,
 }
@@ -395,6 +425,7 @@ impl RobustDetector {
             zero_run: 0,
             scored: 0,
             zeros: 0,
+            dup_run: 1.0,
             context: BTreeMap::new(),
         }
     }
@@ -408,6 +439,7 @@ impl RobustDetector {
         self.zero_run = 0;
         self.scored = 0;
         self.zeros = 0;
+        self.dup_run = 1.0;
         self.context.clear();
     }
 
@@ -443,6 +475,51 @@ impl RobustDetector {
                 score: self.zero_run as f64,
                 rule: Rule::Hard,
             });
+        }
+    }
+
+    /// The duplicated-prompts rule: the chance of the current run of batches that repeated
+    /// prompts, under uniform draws, below `dup_alpha`; an alarm starts a new run.
+    fn duplicate_run(&mut self, r: &StepRecord, out: &mut Vec<Signal>) {
+        let Some(c) = r.get("prompt_dup_chance") else {
+            return;
+        };
+        self.dup_run = if c < 1.0 - 1e-12 {
+            self.dup_run * c.max(0.0)
+        } else {
+            1.0
+        };
+        if self.dup_run < self.cfg.dup_alpha {
+            out.push(Signal {
+                feature: "prompt_dup_chance".into(),
+                dir: Dir::Down,
+                score: self.dup_run,
+                rule: Rule::Hard,
+            });
+            // The run is reported: later steps (after a quarantine, say) build their own case.
+            self.dup_run = 1.0;
+        }
+    }
+
+    /// The reward-audit rule: rewards that differ from the rule score of their own answer.
+    fn audit(&self, r: &StepRecord, out: &mut Vec<Signal>) {
+        if self.cfg.audit_limit < 0.0 {
+            return;
+        }
+        let Some(gap) = r.get("audit_gap").filter(|x| *x > self.cfg.audit_limit) else {
+            return;
+        };
+        let sig = |feature: &str, score| Signal {
+            feature: feature.to_string(),
+            dir: Dir::Up,
+            score,
+            rule: Rule::Hard,
+        };
+        out.push(sig("audit_gap", gap));
+        for f in AUDIT_PATTERN {
+            if let Some(x) = r.get(f).filter(|x| *x > 0.0) {
+                out.push(sig(f, x));
+            }
         }
     }
 
@@ -598,6 +675,9 @@ pub struct DetectorState {
     /// Of them, steps whose every reward was 0.
     #[serde(default)]
     pub zeros: usize,
+    /// Bits of the chance of the current run of batches that repeated prompts (absent: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dup_run: Option<u64>,
 }
 
 fn watched_name(name: &str) -> anyhow::Result<&'static str> {
@@ -632,6 +712,7 @@ impl RobustDetector {
             zero_run: self.zero_run,
             scored: self.scored,
             zeros: self.zeros,
+            dup_run: (self.dup_run != 1.0).then(|| self.dup_run.to_bits()),
         }
     }
 
@@ -653,6 +734,7 @@ impl RobustDetector {
         self.zero_run = s.zero_run;
         self.scored = s.scored;
         self.zeros = s.zeros;
+        self.dup_run = s.dup_run.map_or(1.0, f64::from_bits);
         Ok(())
     }
 }
@@ -666,6 +748,8 @@ impl Detector for RobustDetector {
         let r = &*judged_record(r);
         let mut signals = Vec::new();
         self.hard_rules(r, &mut signals);
+        self.audit(r, &mut signals);
+        self.duplicate_run(r, &mut signals);
         self.silent_scorer(r, &mut signals);
         let suspicious = self.statistical(r, &mut signals);
         if signals.is_empty() {
@@ -692,15 +776,21 @@ pub struct StaticDetector {
     pub bounds: BTreeMap<String, (f64, f64)>,
 }
 
+/// The features the baseline detectors watch: RFT-FM's watched ones and the reward audit's
+/// gap (so that the audit's evidence is not RFT-FM's alone in the benchmark's table).
+pub fn baseline_features() -> impl Iterator<Item = &'static str> {
+    WATCHED.iter().map(|w| w.name).chain(["audit_gap"])
+}
+
 impl StaticDetector {
     /// Bounds from the range of each watched feature over `clean` records, widened by `margin`
     /// times the range (plus a small absolute slack).
     pub fn fit(clean: &[StepRecord], margin: f64) -> Self {
         let mut bounds = BTreeMap::new();
-        for wch in WATCHED {
+        for name in baseline_features() {
             let v: Vec<f64> = clean
                 .iter()
-                .filter_map(|r| r.get(wch.name))
+                .filter_map(|r| r.get(name))
                 .filter(|x| x.is_finite())
                 .collect();
             if v.is_empty() {
@@ -709,7 +799,7 @@ impl StaticDetector {
             let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let pad = margin * (hi - lo) + 1e-9;
-            bounds.insert(wch.name.to_string(), (lo - pad, hi + pad));
+            bounds.insert(name.to_string(), (lo - pad, hi + pad));
         }
         Self { bounds }
     }
@@ -771,9 +861,9 @@ impl Detector for ZScoreDetector {
 
     fn observe(&mut self, r: &StepRecord) -> Option<Alarm> {
         let mut signals = Vec::new();
-        for wch in WATCHED {
-            let Some(x) = r.get(wch.name) else { continue };
-            let h = self.seen.entry(wch.name).or_default();
+        for name in baseline_features() {
+            let Some(x) = r.get(name) else { continue };
+            let h = self.seen.entry(name).or_default();
             if h.len() >= self.warmup.max(2) {
                 let m = h.iter().sum::<f64>() / h.len() as f64;
                 let sd = (h.iter().map(|v| (v - m).powi(2)).sum::<f64>() / h.len() as f64).sqrt();
@@ -788,7 +878,7 @@ impl Detector for ZScoreDetector {
                 };
                 if z.abs() > self.threshold {
                     signals.push(Signal {
-                        feature: wch.name.to_string(),
+                        feature: name.to_string(),
                         dir: if z > 0.0 { Dir::Up } else { Dir::Down },
                         score: z,
                         rule: Rule::ZScore,
@@ -1394,5 +1484,109 @@ mod tests {
         assert!((z + 4.5).abs() < 1e-9, "{z}");
         assert!(a.leans("response_len", Dir::Down, 2.0));
         assert!(!a.leans("response_len", Dir::Up, 2.0));
+    }
+
+    #[test]
+    fn rewards_off_their_audit_alarm_at_once_and_a_clean_audit_never() {
+        use super::super::diagnose::diagnose;
+        use super::super::taxonomy::FaultType;
+        let step = |s: usize, audit: &[(&str, f64)]| {
+            let mut kv = vec![("reward_mean", noisy_reward(s)), ("audit_gap", 0.0)];
+            kv.extend_from_slice(audit);
+            rec(s, &kv)
+        };
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for s in 1..=30 {
+            assert!(d.observe(&step(s, &[])).is_none(), "false alarm at {s}");
+        }
+        // The planted fault: one response in four paid 1 though its answer scored 0.
+        let a = d
+            .observe(&step(31, &[("audit_gap", 0.25), ("audit_up", 0.25)]))
+            .expect("the lenient reward was caught");
+        assert!(
+            a.has("audit_gap", Dir::Up) && a.has("audit_up", Dir::Up),
+            "{a:?}"
+        );
+        assert_eq!(diagnose(&a).fault, Some(FaultType::RewardLenient));
+        let a = d
+            .observe(&step(
+                32,
+                &[
+                    ("audit_gap", 0.5),
+                    ("audit_up", 0.25),
+                    ("audit_down", 0.25),
+                    ("audit_permuted", 1.0),
+                ],
+            ))
+            .expect("the shuffled rewards were caught");
+        assert_eq!(diagnose(&a).fault, Some(FaultType::ShuffledPairs));
+        // Off: the same step passes.
+        let mut off = RobustDetector::new(RobustConfig {
+            audit_limit: -1.0,
+            ..RobustConfig::default()
+        });
+        for s in 1..=30 {
+            assert!(off.observe(&step(s, &[])).is_none());
+        }
+        assert!(off
+            .observe(&step(31, &[("audit_gap", 0.25), ("audit_up", 0.25)]))
+            .is_none());
+    }
+
+    #[test]
+    fn repeated_prompts_alarm_on_a_run_too_unlikely_for_chance_only() {
+        use super::super::diagnose::diagnose;
+        use super::super::taxonomy::FaultType;
+        let step = |s: usize, chance: f64| {
+            rec(
+                s,
+                &[
+                    ("reward_mean", noisy_reward(s)),
+                    ("prompt_unique_frac", if chance < 1.0 { 0.5 } else { 1.0 }),
+                    ("prompt_dup_chance", chance),
+                ],
+            )
+        };
+        // A clean run of 2-prompt batches from 12 prompts repeats one now and then, twice in
+        // a row at most: no alarm (the unique fraction's fall alone would be a 5-sigma move).
+        let mut d = RobustDetector::new(RobustConfig::default());
+        let dups = [4, 9, 10, 17, 25, 26, 33];
+        for s in 1..=40 {
+            let c = if dups.contains(&s) { 1.0 / 12.0 } else { 1.0 };
+            assert!(d.observe(&step(s, c)).is_none(), "false alarm at {s}");
+        }
+        // The planted fault: every batch one prompt, from step 41; 3 in a row: 1/1728.
+        let first = (41..=50)
+            .find_map(|s| d.observe(&step(s, 1.0 / 12.0)))
+            .expect("the duplicated prompts were caught");
+        assert_eq!(first.step, 43, "{first:?}");
+        assert!(first.has("prompt_dup_chance", Dir::Down));
+        assert_eq!(diagnose(&first).fault, Some(FaultType::DuplicatedPrompts));
+        // Off: never.
+        let mut off = RobustDetector::new(RobustConfig {
+            dup_alpha: 0.0,
+            ..RobustConfig::default()
+        });
+        for s in 1..=50 {
+            let c = if s > 40 { 1.0 / 12.0 } else { 1.0 };
+            assert!(off.observe(&step(s, c)).is_none(), "step {s}");
+        }
+    }
+
+    #[test]
+    fn a_tied_step_leaves_the_advantage_correlation_out() {
+        // The clean series of the 8-step bench that alarmed (seed 5): the correlation is 0 by
+        // definition on steps whose groups all tied, which a CUSUM read as a fall.
+        let corr = [1.0, 1.0, 0.82, 0.0, 0.0, 0.0, 0.0, 0.82];
+        let tied = [0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 0.5];
+        let mut d = RobustDetector::new(RobustConfig::default());
+        for (i, (c, t)) in corr.iter().zip(tied).enumerate() {
+            let r = rec(i + 1, &[("adv_reward_corr", *c), ("zero_std_frac", t)]);
+            assert!(d.observe(&r).is_none(), "false alarm at {}", i + 1);
+        }
+        let r = rec(3, &[("adv_reward_corr", 0.0), ("zero_std_frac", 1.0)]);
+        assert!(judged_record(&r).get("adv_reward_corr").is_none());
+        let r = rec(3, &[("adv_reward_corr", 0.0), ("zero_std_frac", 0.5)]);
+        assert_eq!(judged_record(&r).get("adv_reward_corr"), Some(0.0));
     }
 }

@@ -27,7 +27,9 @@ pub fn feature_family(feature: &str) -> Option<FaultFamily> {
         }
         "entropy" | "surprisal" | "temperature" | "response_len" | "trunc_rate" | "repetition"
         | "unique_ratio" | "empty_rate" | "format_error_rate" => FaultFamily::OD,
-        "logprob_mismatch" | "prompt_unique_frac" | "invented_rate" => FaultFamily::CA,
+        "logprob_mismatch" | "prompt_unique_frac" | "prompt_dup_chance" | "invented_rate"
+        | "audit_permuted" => FaultFamily::CA,
+        f if f.starts_with("audit") => FaultFamily::RF,
         "sandbox_error_rate" | "timeout_rate" | "scorer_silent" | "answer_disagree" => {
             FaultFamily::TE
         }
@@ -49,7 +51,7 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
     let up = |f: &str| alarm.has(f, Up);
     let down = |f: &str| alarm.has(f, Down);
     // (condition, fault, evidence), most specific first.
-    let rules: [(bool, FaultType, &str); 27] = [
+    let rules: [(bool, FaultType, &str); 32] = [
         (up("nonfinite"), NonFinite, "non-finite values in the step"),
         (up("sandbox_error_rate"), SandboxFailure, "sandbox errors"),
         (
@@ -72,7 +74,7 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
             "the sampling temperature dropped",
         ),
         (
-            down("prompt_unique_frac"),
+            down("prompt_unique_frac") || down("prompt_dup_chance"),
             DuplicatedPrompts,
             "few distinct prompts in the batch",
         ),
@@ -95,6 +97,31 @@ pub fn diagnose(alarm: &Alarm) -> Diagnosis {
             down("reward_min"),
             RewardSignFlip,
             "rewards below their range (sign flip)",
+        ),
+        (
+            up("audit_permuted"),
+            ShuffledPairs,
+            "the rewards are the audit's own values paired with other responses",
+        ),
+        (
+            up("audit_offgrid"),
+            RewardNoise,
+            "rewards off their audit by amounts no verdict gives (noise)",
+        ),
+        (
+            up("audit_up") && up("audit_down"),
+            FlakyTests,
+            "verdicts off their audit both ways (flaky tests)",
+        ),
+        (
+            up("audit_up"),
+            RewardLenient,
+            "answers the audit finds wrong paid in full (a lenient, hackable reward)",
+        ),
+        (
+            up("audit_down"),
+            RewardStaleTruth,
+            "answers the audit pays scored lower (judged against other targets)",
         ),
         (
             up("answer_disagree"),
@@ -278,6 +305,29 @@ mod tests {
             ),
             (vec![("zero_std_frac", Down)], ShuffledPairs),
             (vec![("entropy", Down)], EntropyCollapse),
+            (vec![("prompt_dup_chance", Down)], DuplicatedPrompts),
+            (
+                vec![
+                    ("audit_gap", Up),
+                    ("audit_up", Up),
+                    ("audit_down", Up),
+                    ("audit_permuted", Up),
+                ],
+                ShuffledPairs,
+            ),
+            (
+                vec![("audit_gap", Up), ("audit_up", Up), ("audit_offgrid", Up)],
+                RewardNoise,
+            ),
+            (
+                vec![("audit_gap", Up), ("audit_up", Up), ("audit_down", Up)],
+                FlakyTests,
+            ),
+            (vec![("audit_gap", Up), ("audit_up", Up)], RewardLenient),
+            (
+                vec![("audit_gap", Up), ("audit_down", Up)],
+                RewardStaleTruth,
+            ),
         ];
         for (sigs, want) in cases {
             let d = diagnose(&alarm(&sigs));

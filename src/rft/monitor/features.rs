@@ -60,6 +60,94 @@ pub struct Health {
     pub answer_disagree: f64,
     /// Share of responses whose scoring timed out.
     pub timeout_rate: f64,
+    /// The reward audit ([`RewardAudit`]) of the responses whose reward is the rule score
+    /// (all 0 when none is).
+    #[serde(flatten)]
+    pub audit: RewardAudit,
+    /// The chance that uniform draws of the step's prompts from the prompt set repeat prompts
+    /// at least as much as this batch did ([`duplicate_chance`]); absent when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_dup_chance: Option<f64>,
+}
+
+/// The reward audit: each response's reward as the update saw it against the rule score of
+/// its answer recomputed from its own record's truth (where the rule score is the reward; a
+/// clean step's gap is exactly 0).
+/// A fault between the scorer and the update (a lenient or noisy reward service, a mismatched
+/// truth table, flaky verdicts, rewards paired with the wrong responses) shows as a gap; a
+/// fault inside the scorer or the record's truth does not.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RewardAudit {
+    /// Mean |reward - audit| over the audited responses.
+    pub audit_gap: f64,
+    /// Share of audited responses rewarded above their audit.
+    pub audit_up: f64,
+    /// Share of audited responses rewarded below their audit.
+    pub audit_down: f64,
+    /// Share of audited responses whose reward disagrees with the audit and is neither 0 nor 1
+    /// (noise; verdicts and a lenient reward give 0 or 1).
+    pub audit_offgrid: f64,
+    /// 1 when the rewards disagree with the audit yet are the audit's own values in another
+    /// order (rewards paired with the wrong responses), else 0.
+    pub audit_permuted: f64,
+}
+
+/// Audits `scores` against `audit` (the rule score of response `i`, `None` where the reward
+/// comes from elsewhere, such as execution); all 0 when nothing was audited.
+pub fn reward_audit(scores: &[f32], audit: &[Option<f64>]) -> RewardAudit {
+    const TOL: f64 = 1e-6;
+    let pairs: Vec<(f64, f64)> = scores
+        .iter()
+        .zip(audit)
+        .filter_map(|(&s, a)| a.map(|a| (s as f64, (a as f32) as f64)))
+        .filter(|(s, a)| s.is_finite() && a.is_finite())
+        .collect();
+    if pairs.is_empty() {
+        return RewardAudit::default();
+    }
+    let n = pairs.len() as f64;
+    let share =
+        |f: &dyn Fn(f64, f64) -> bool| pairs.iter().filter(|(s, a)| f(*s, *a)).count() as f64 / n;
+    let off = |s: f64, a: f64| (s - a).abs() > TOL;
+    let mut sorted_s: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    let mut sorted_a: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    sorted_s.sort_by(f64::total_cmp);
+    sorted_a.sort_by(f64::total_cmp);
+    let gap = pairs.iter().map(|(s, a)| (s - a).abs()).sum::<f64>() / n;
+    let same_values = sorted_s.iter().zip(&sorted_a).all(|(s, a)| !off(*s, *a));
+    RewardAudit {
+        audit_gap: gap,
+        audit_up: share(&|s, a| s > a + TOL),
+        audit_down: share(&|s, a| s < a - TOL),
+        audit_offgrid: share(&|s, a| off(s, a) && s.abs() > TOL && (s - 1.0).abs() > TOL),
+        audit_permuted: f64::from(u8::from(gap > TOL && same_values)),
+    }
+}
+
+/// The chance that `n` uniform draws (with replacement) from `pool` prompts give at most
+/// `distinct` distinct prompts: 1 for a batch without repeats, about `1 / pool` for a batch of
+/// two that drew one prompt twice.
+pub fn duplicate_chance(n: usize, distinct: usize, pool: usize) -> f64 {
+    if pool == 0 || n == 0 || distinct >= n.min(pool) {
+        return 1.0;
+    }
+    // p[k]: the chance of k distinct prompts after the draws so far.
+    let mut p = vec![0.0f64; n + 1];
+    p[0] = 1.0;
+    let m = pool as f64;
+    for _ in 0..n {
+        for k in (0..=n).rev() {
+            let stay = p[k] * k as f64 / m;
+            let grow = if k > 0 {
+                p[k - 1] * (m - (k - 1) as f64) / m
+            } else {
+                0.0
+            };
+            p[k] = stay + grow;
+        }
+    }
+    p[..=distinct].iter().sum::<f64>().min(1.0)
 }
 
 /// Share of a response's token 3-grams that repeat an earlier 3-gram of the same response.
@@ -512,5 +600,52 @@ mod tests {
         assert_eq!(agg[0].get("reward_std"), Some(0.5));
         assert_eq!(agg[0].get("sandbox_error_rate"), Some(0.5));
         assert_eq!(agg[1].get("sandbox_error_rate"), Some(0.0));
+    }
+
+    #[test]
+    fn the_audit_reads_how_rewards_left_their_rule_scores() {
+        let a = [Some(0.0), Some(0.5), Some(1.0), None];
+        // Clean: the rewards are the rule scores (the unaudited one may be anything).
+        assert_eq!(
+            reward_audit(&[0.0, 0.5, 1.0, 0.7], &a),
+            RewardAudit::default()
+        );
+        // Lenient: a wrong answer paid in full.
+        let l = reward_audit(&[1.0, 0.5, 1.0, 0.0], &a);
+        assert!((l.audit_gap - 1.0 / 3.0).abs() < 1e-9, "{l:?}");
+        assert_eq!(
+            (l.audit_up, l.audit_down, l.audit_offgrid),
+            (1.0 / 3.0, 0.0, 0.0)
+        );
+        assert_eq!(l.audit_permuted, 0.0);
+        // Rewards paired with the wrong responses: the same values in another order.
+        let p = reward_audit(&[1.0, 0.0, 0.5, 0.0], &a);
+        assert_eq!(p.audit_permuted, 1.0, "{p:?}");
+        assert!(p.audit_up > 0.0 && p.audit_down > 0.0);
+        // Noise: values no verdict gives.
+        let n = reward_audit(&[0.2, 0.5, 0.9, 0.0], &a);
+        assert_eq!(n.audit_offgrid, 2.0 / 3.0, "{n:?}");
+        assert_eq!(n.audit_permuted, 0.0);
+        // Nothing audited, non-finite rewards left out.
+        assert_eq!(reward_audit(&[1.0], &[None]), RewardAudit::default());
+        assert_eq!(
+            reward_audit(&[f32::NAN, 0.5], &[Some(0.0), Some(0.5)]),
+            RewardAudit::default()
+        );
+    }
+
+    #[test]
+    fn duplicate_chance_is_the_occupancy_tail_of_uniform_draws() {
+        // Two draws from 12: one prompt twice with chance 1/12.
+        assert!((duplicate_chance(2, 1, 12) - 1.0 / 12.0).abs() < 1e-12);
+        assert_eq!(duplicate_chance(2, 2, 12), 1.0);
+        // Four draws all one prompt: 1/N^3.
+        assert!((duplicate_chance(4, 1, 10) - 1e-3).abs() < 1e-12);
+        // At most 2 distinct of 3 draws from 3: 1 - 3!/27.
+        assert!((duplicate_chance(3, 2, 3) - (1.0 - 6.0 / 27.0)).abs() < 1e-12);
+        // A pool smaller than the batch must repeat.
+        assert_eq!(duplicate_chance(4, 2, 2), 1.0);
+        assert_eq!(duplicate_chance(0, 0, 5), 1.0);
+        assert_eq!(duplicate_chance(3, 1, 0), 1.0);
     }
 }
