@@ -122,10 +122,11 @@ impl Injection {
         if !self.is(step, FaultType::DuplicatedPrompts) || chosen.is_empty() {
             return;
         }
+        // Hard: half the batch, and at least two (one copy of the first prompt is no fault).
         let n = if self.easy() {
             chosen.len()
         } else {
-            chosen.len().div_ceil(2)
+            chosen.len().div_ceil(2).max(2)
         };
         let first = chosen[0];
         for c in chosen.iter_mut().take(n) {
@@ -164,7 +165,10 @@ impl Injection {
         empty: bool,
         score_other: &dyn Fn() -> f64,
     ) -> (f64, Option<&'static str>) {
-        if !self.active(step) || !self.hits(step, i, 4) {
+        // A non-finite spike hits the first response (every step when easy, the onset's when
+        // hard), not a random share: a share of one response in four often drew none.
+        let nan = self.fault == FaultType::NonFinite;
+        if !self.active(step) || (!nan && !self.hits(step, i, 4)) {
             return (r, None);
         }
         let e = self.easy();
@@ -328,6 +332,19 @@ mod tests {
         let mut c = vec![3, 1, 4, 1];
         d.on_prompts(1, &mut c);
         assert_eq!(c, vec![3, 3, 3, 3]);
+        let h = Injection::new(FaultType::DuplicatedPrompts, Strength::Hard, 1, 1);
+        let mut c = vec![3, 1, 4, 1, 5, 9];
+        h.on_prompts(1, &mut c);
+        assert_eq!(c, vec![3, 3, 3, 1, 5, 9]);
+        // A hard non-finite spike: the first response of the onset step, whatever the draws.
+        let n = Injection::new(FaultType::NonFinite, Strength::Hard, 3, 1);
+        assert!(n.on_reward(3, 0, 0.5, false, &|| 0.0).0.is_nan());
+        assert_eq!(n.on_reward(3, 1, 0.5, false, &|| 0.0).0, 0.5);
+        assert_eq!(n.on_reward(4, 0, 0.5, false, &|| 0.0).0, 0.5);
+        // A batch of two: the hard fault still repeats a prompt.
+        let mut c = vec![2, 7];
+        h.on_prompts(1, &mut c);
+        assert_eq!(c, vec![2, 2]);
         let s = Injection::new(FaultType::ShuffledPairs, Strength::Easy, 1, 1);
         let mut sc: Vec<f32> = (0..16).map(|x| x as f32).collect();
         s.on_scores(1, &mut sc);
