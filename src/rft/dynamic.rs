@@ -110,9 +110,32 @@ pub fn thin_saturated(
     }
 }
 
+/// The effective number of prompts (`1 / sum p^2`, rounded) when `thinned` of `pool` prompts
+/// belong to saturated subtasks and [`thin_saturated`] redraws them once: a prompt is drawn with
+/// chance `(1[not thinned] + f) / pool`, `f = thinned / pool`.
+pub fn effective_pool(pool: usize, thinned: usize) -> usize {
+    if pool == 0 || thinned == 0 {
+        return pool;
+    }
+    let (m, t) = (pool as f64, thinned.min(pool) as f64);
+    let f = t / m;
+    let sum_sq = ((m - t) * (1.0 + f).powi(2) + t * f * f) / (m * m);
+    ((1.0 / sum_sq).round() as usize).clamp(1, pool)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thinning_shrinks_the_effective_pool() {
+        assert_eq!(effective_pool(16, 0), 16);
+        // Every prompt thinned: the redraw is uniform again.
+        assert_eq!(effective_pool(16, 16), 16);
+        // Half thinned: p = 1.5/16 for 8 prompts, 0.5/16 for 8: 1 / sum p^2 = 12.8.
+        assert_eq!(effective_pool(16, 8), 13);
+        assert_eq!(effective_pool(0, 3), 0);
+    }
 
     #[test]
     fn tied_groups_are_refilled_up_to_the_cap() {

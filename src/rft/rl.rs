@@ -750,10 +750,15 @@ impl<B: Backend> RlTrainer<B> {
         let mut chosen: Vec<usize> = (0..n_sample)
             .map(|_| allowed[rng.below(allowed.len() as u64) as usize])
             .collect();
+        // The pool the duplicate chance is judged against: thinning makes draws non-uniform, so
+        // its effective size (1 / sum p^2, exact for the chance that two draws agree).
+        let mut pool = allowed.len();
         if cfg.dynamic_sampling {
             let sat = self.saturation.saturated(cfg.saturate_after);
             let n = self.prompts.len() as u64;
             let sub = |p: usize| items[self.prompts[p].0].record.subtask.name().to_string();
+            let thinned = allowed.iter().filter(|&&p| sat.contains(&sub(p))).count();
+            pool = crate::rft::dynamic::effective_pool(allowed.len(), thinned);
             crate::rft::dynamic::thin_saturated(&mut chosen, sub, &sat, || rng.below(n) as usize);
         }
         if let Some(f) = &self.fault {
@@ -914,11 +919,7 @@ impl<B: Backend> RlTrainer<B> {
             .iter()
             .collect::<std::collections::BTreeSet<_>>()
             .len();
-        m.health.prompt_dup_chance = Some(health::duplicate_chance(
-            chosen.len(),
-            distinct,
-            allowed.len(),
-        ));
+        m.health.prompt_dup_chance = Some(health::duplicate_chance(chosen.len(), distinct, pool));
         // Non-finite rewards are counted (a fault) and zeroed so they never reach the weights.
         for (r, s) in rolls.iter_mut().zip(scores.iter_mut()) {
             if !s.is_finite() {
