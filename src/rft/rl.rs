@@ -913,13 +913,14 @@ impl<B: Backend> RlTrainer<B> {
         if let Some(f) = &self.fault {
             f.on_scores(self.step, &mut scores);
         }
-        m.health = health::rollout_health(&outs, &scores, &chosen, cfg.group_size, &m.zero_reasons);
+        m.health = health::rollout_health(
+            &outs,
+            &scores,
+            &chosen,
+            (cfg.group_size, pool),
+            &m.zero_reasons,
+        );
         m.health.audit = health::reward_audit(&scores, &audits);
-        let distinct = chosen
-            .iter()
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
-        m.health.prompt_dup_chance = Some(health::duplicate_chance(chosen.len(), distinct, pool));
         // Non-finite rewards are counted (a fault) and zeroed so they never reach the weights.
         for (r, s) in rolls.iter_mut().zip(scores.iter_mut()) {
             if !s.is_finite() {

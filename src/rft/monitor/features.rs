@@ -263,13 +263,13 @@ pub fn std_dev(x: &[f64]) -> f64 {
 }
 
 /// The rollout part of a step's health: rewards (`scores`, response `i` in group
-/// `i / group_size` of prompt `chosen[group]`), lengths, repetition, empty and failed answers
-/// (from the zero-reward reason counts).
+/// `i / group_size` of prompt `chosen[group]`, drawn from `pool` prompts), lengths,
+/// repetition, empty and failed answers (from the zero-reward reason counts).
 pub fn rollout_health(
     outs: &[GenOutput],
     scores: &[f32],
     chosen: &[usize],
-    group_size: usize,
+    (group_size, pool): (usize, usize),
     zero_reasons: &BTreeMap<String, usize>,
 ) -> Health {
     let n = outs.len().max(1) as f64;
@@ -298,6 +298,7 @@ pub fn rollout_health(
             .max(f64::MIN),
         zero_std_frac: zero_std_fraction(scores, &groups),
         prompt_unique_frac: distinct.len() as f64 / chosen.len().max(1) as f64,
+        prompt_dup_chance: Some(duplicate_chance(chosen.len(), distinct.len(), pool)),
         trunc_rate: outs
             .iter()
             .filter(|o| o.finish == FinishReason::Length)
