@@ -430,6 +430,22 @@ fn positive_rollouts_under_the_full_distribution_teach_the_unconstrained_policy(
     );
 }
 
+/// The success bonus trains the full-reward rollouts under the full distribution: the share
+/// the grammar had to ban falls below the same run's without it.
+#[test]
+fn the_success_bonus_teaches_the_unconstrained_policy() {
+    let (off, on) = off_and_on(RlConfig {
+        success_bonus: 1.0,
+        ..file_config(6)
+    });
+    assert!(
+        cut(&on[5]) < cut(&off[5]) - 0.03,
+        "override mass {:.3} without the bonus, {:.3} with it",
+        cut(&off[5]),
+        cut(&on[5])
+    );
+}
+
 /// Two short file-localization prompts over the same four files, each with its own answer.
 fn file_items(dir: &std::path::Path) -> Vec<RlItem> {
     use sorft::swe::subtask::Subtask;

@@ -96,6 +96,10 @@ pub struct RlArgs {
     /// constrained).
     #[arg(long, default_value_t = 0)]
     pub free_per_group: usize,
+    /// Advantage bonus of the rollouts that earned the full reward, scored under the full
+    /// distribution (expert iteration inside the update; 0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub success_bonus: f32,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -145,6 +149,7 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
         positive_full: a.positive_full,
         dual_clip: a.dual_clip,
         free_per_group: a.free_per_group,
+        success_bonus: a.success_bonus,
         ..RlConfig::default()
     };
     if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {

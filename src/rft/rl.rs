@@ -174,6 +174,13 @@ pub struct RlConfig {
     /// group compares what the free policy says against what the grammar finds. 0: all
     /// constrained; `group_size` or more: none (as `constrain = false`).
     pub free_per_group: usize,
+    /// Expert iteration inside the update: every rollout that earned the full reward (1) is
+    /// scored under the full distribution (forced tokens included, as `positive_full`) and gets
+    /// this much added to its advantage, also in groups that all tied at 1 (which GRPO would
+    /// skip). Near ratio 1 the bonus's gradient is `bonus * grad log pi(answer)`: supervised
+    /// learning of the answers the grammar-guided policy got right, so the unconstrained policy
+    /// (free decoding) learns them; PPO's clip bounds it per step. 0: off.
+    pub success_bonus: f32,
 }
 
 impl Default for RlConfig {
@@ -224,6 +231,7 @@ impl Default for RlConfig {
             positive_full: false,
             dual_clip: 0.0,
             free_per_group: 0,
+            success_bonus: 0.0,
         }
     }
 }
@@ -334,9 +342,34 @@ fn unconstrain_above_mean(rolls: &mut [Rollout]) {
     for r in rolls.iter_mut() {
         let (sum, n) = sums[&r.group];
         if r.score > sum / n as f32 + 1e-6 {
-            let plen = r.restrict.0;
-            r.restrict.1.iter_mut().for_each(|s| *s = None);
-            r.seq.mask.iter_mut().skip(plen).for_each(|m| *m = 1);
+            unconstrain(r);
+        }
+    }
+}
+
+/// Scores a rollout under the full distribution: no restricted rows, forced tokens trained.
+fn unconstrain(r: &mut Rollout) {
+    let plen = r.restrict.0;
+    r.restrict.1.iter_mut().for_each(|s| *s = None);
+    r.seq.mask.iter_mut().skip(plen).for_each(|m| *m = 1);
+}
+
+/// Whether a rollout earned the full reward (`success_bonus`).
+fn is_success(score: f32) -> bool {
+    score >= 1.0 - 1e-6
+}
+
+/// Whether a rollout of a group whose rewards all tie stays out of the update: yes (no
+/// advantage) unless the success bonus trains it.
+fn left_out_as_tied(tied: bool, score: f32, bonus: f32) -> bool {
+    tied && !(bonus > 0.0 && is_success(score))
+}
+
+/// Adds `bonus` to every token's advantage of the live rollouts that earned the full reward.
+fn add_success_bonus(adv: &mut [Vec<f32>], live_scores: &[f32], bonus: f32) {
+    for (a, &s) in adv.iter_mut().zip(live_scores) {
+        if is_success(s) {
+            a.iter_mut().for_each(|x| *x += bonus);
         }
     }
 }
@@ -604,6 +637,11 @@ impl<B: Backend> RlTrainer<B> {
             cfg.grammar_distill.is_finite() && cfg.grammar_distill >= 0.0,
             "stage2.grammar_distill must be 0 or positive, got {}",
             cfg.grammar_distill
+        );
+        anyhow::ensure!(
+            cfg.success_bonus.is_finite() && cfg.success_bonus >= 0.0,
+            "stage2.success_bonus must be 0 or positive, got {}",
+            cfg.success_bonus
         );
         anyhow::ensure!(
             cfg.dual_clip == 0.0 || (cfg.dual_clip.is_finite() && cfg.dual_clip > 1.0),
@@ -931,6 +969,12 @@ impl<B: Backend> RlTrainer<B> {
         if cfg.positive_full {
             unconstrain_above_mean(&mut rolls);
         }
+        if cfg.success_bonus > 0.0 {
+            rolls
+                .iter_mut()
+                .filter(|r| is_success(r.score))
+                .for_each(unconstrain);
+        }
         let n = scores.len().max(1) as f64;
         m.reward_mean = scores.iter().map(|&s| s as f64).sum::<f64>() / n;
         m.reward_std = (scores
@@ -990,7 +1034,13 @@ impl<B: Backend> RlTrainer<B> {
         }
         let live: Vec<usize> = (0..rolls.len())
             .filter(|&i| !rolls[i].response.is_empty() && rolls[i].seq.mask.contains(&1))
-            .filter(|&i| !(skip_uniform && uniform(rolls[i].group)))
+            .filter(|&i| {
+                !left_out_as_tied(
+                    skip_uniform && uniform(rolls[i].group),
+                    rolls[i].score,
+                    cfg.success_bonus,
+                )
+            })
             .filter(|&i| sel.keep[rolls[i].group])
             .collect();
         m.trained_sequences = live.len();
@@ -1104,6 +1154,9 @@ impl<B: Backend> RlTrainer<B> {
                     *x = it.next().unwrap_or(0.0);
                 }
             }
+        }
+        if cfg.success_bonus > 0.0 {
+            add_success_bonus(&mut adv, &live_scores, cfg.success_bonus);
         }
         if let Some(f) = &self.fault {
             f.on_advantages(self.step, &mut adv);
@@ -1541,6 +1594,24 @@ mod tests {
             assert_eq!(r.seq.mask, vec![0, 0, 1, 0, 1]);
             assert!(r.restrict.1[2].is_some());
         }
+    }
+
+    #[test]
+    fn the_success_bonus_goes_to_full_reward_rollouts_only() {
+        let mut adv = vec![vec![0.5, 0.5], vec![0.0; 3], vec![-0.5], vec![0.0]];
+        add_success_bonus(&mut adv, &[1.0, 1.0, 0.999, 0.0], 0.7);
+        assert_eq!(
+            adv,
+            vec![vec![1.2, 1.2], vec![0.7; 3], vec![-0.5], vec![0.0]]
+        );
+        assert!(is_success(1.0) && !is_success(0.99));
+        // Tied groups: out of the update, unless they tied at 1 and the bonus is on.
+        assert!(left_out_as_tied(true, 1.0, 0.0) && left_out_as_tied(true, 0.5, 1.0));
+        assert!(!left_out_as_tied(true, 1.0, 1.0) && !left_out_as_tied(false, 0.0, 0.0));
+        let mut r = rollout(0, 1.0);
+        unconstrain(&mut r);
+        assert_eq!(r.seq.mask, vec![0, 0, 1, 1, 1]);
+        assert!(r.restrict.1.iter().all(Option::is_none));
     }
 
     #[test]
