@@ -115,6 +115,12 @@ fn quick_repro_writes_a_complete_report_deterministically() {
             .unwrap()
     };
     let before: Vec<_> = ["initial", "sft", "sft_rl"].map(preds_at).to_vec();
+    let data_at = || {
+        std::fs::metadata(a.path().join("data/instances.jsonl"))
+            .and_then(|m| m.modified())
+            .unwrap()
+    };
+    let data_before = data_at();
     let o = Command::new(env!("CARGO_BIN_EXE_sorft"))
         .args(["repro", "--quick", "--seed", "3", "--resume", "--out"])
         .arg(a.path())
@@ -122,6 +128,8 @@ fn quick_repro_writes_a_complete_report_deterministically() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(before, ["initial", "sft", "sft_rl"].map(preds_at).to_vec());
+    // The data phase is reused too (the generator runs every candidate bug's tests).
+    assert_eq!(data_before, data_at(), "the data were generated again");
     let resumed = std::fs::read_to_string(a.path().join("report.md")).unwrap();
     assert_eq!(cut(&report), cut(&resumed));
     // A broken score file is a one-line error, not a silent fallback to the predictions.

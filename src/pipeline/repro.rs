@@ -460,6 +460,37 @@ fn first_per_repo<'a>(instances: impl Iterator<Item = &'a Instance>, per: usize)
         .collect()
 }
 
+/// The file beside a finished data phase's `instances.jsonl` naming the generator settings that
+/// wrote it; a resumed run with the same settings reads the instances instead of generating them
+/// again (the generator runs every candidate bug's tests: minutes).
+const DATA_STAMP: &str = "generated.txt";
+
+/// The synthetic instances of `cfg` in `data`: generated (then stamped), or with `resume` read
+/// back where a finished phase of the same settings left them.
+fn generated_data(
+    cfg: &SynthConfig,
+    data: &Path,
+    resume: bool,
+    progress: &(dyn Fn(usize) + Sync),
+) -> anyhow::Result<Vec<Instance>> {
+    let stamp = format!("{cfg:?}\n");
+    let (stamp_path, file) = (data.join(DATA_STAMP), data.join("instances.jsonl"));
+    if resume && std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
+        if let Ok(inst) = crate::swe::instance::read_jsonl(&file) {
+            if inst.len() == cfg.n && data.join("repos").is_dir() {
+                return Ok(inst);
+            }
+        }
+    }
+    // A stamp is only ever beside the instances it describes.
+    if stamp_path.exists() {
+        std::fs::remove_file(&stamp_path).with_context(|| stamp_path.display().to_string())?;
+    }
+    let report = synth(cfg, data, progress)?;
+    write_text(&stamp_path, &stamp)?;
+    Ok(report.instances)
+}
+
 /// Runs the whole reproduction into `out`. With `resume`, the phases a previous run of the same
 /// configuration finished are reused (warm-up, stage-1 SFT), unfinished SFT runs continue from
 /// their checkpoints and stage 2 from its newest checkpoint; `stop` (Ctrl-C) ends a long phase with
@@ -496,32 +527,28 @@ pub fn run_repro<B: Backend>(
     status.phase("data: generating the synthetic task set");
     let data = out.join("data");
     let (n_gen, per_gen) = generated_counts(&cfg.data);
-    let report = synth(
-        &SynthConfig {
-            n: n_gen,
-            seed: cfg.seed,
-            per_repo: per_gen,
-            test_timeout: std::time::Duration::from_secs_f64(cfg.data.test_timeout),
-            issue_styles: cfg.data.issue_styles,
-            multi_file_fraction: cfg.data.multi_file_fraction,
-            distractors: cfg.data.distractors,
-        },
-        &data,
-        &|k| status.detail(format!("data: {k}/{n_gen} instances")),
-    )?;
-    let repos: Vec<String> = report.instances.iter().map(|i| i.repo.clone()).collect();
+    let synth_cfg = SynthConfig {
+        n: n_gen,
+        seed: cfg.seed,
+        per_repo: per_gen,
+        test_timeout: std::time::Duration::from_secs_f64(cfg.data.test_timeout),
+        issue_styles: cfg.data.issue_styles,
+        multi_file_fraction: cfg.data.multi_file_fraction,
+        distractors: cfg.data.distractors,
+    };
+    let generated = generated_data(&synth_cfg, &data, resume, &|k| {
+        status.detail(format!("data: {k}/{n_gen} instances"))
+    })?;
+    let repos: Vec<String> = generated.iter().map(|i| i.repo.clone()).collect();
     let split = split_repos(&repos, cfg.data.heldout_fraction, cfg.data.dev_fraction)
         .with_context(|| {
             format!(
                 "data: {} instances in too few repositories for a train and a test split",
-                report.instances.len()
+                generated.len()
             )
         })?;
     let of = |set: &BTreeSet<String>, per: usize| -> Vec<Instance> {
-        first_per_repo(
-            report.instances.iter().filter(|i| set.contains(&i.repo)),
-            per,
-        )
+        first_per_repo(generated.iter().filter(|i| set.contains(&i.repo)), per)
     };
     let per = cfg.data.per_repo.max(1);
     let (train, dev_set, held) = (
