@@ -175,6 +175,10 @@ pub struct Stage1Config {
     /// Copy exercises mixed into the stage-1 data when a curriculum ran
     /// (`model.curriculum_exercises`), so that fine-tuning keeps the copying it taught.
     pub replay_exercises: usize,
+    /// Edit drills mixed into the stage-1 data (`pipeline::edit_drill`): the edit prompt with
+    /// an explicit instruction, answered by copying the named code line into a SEARCH/REPLACE
+    /// block; built from the training repositories' code, each under fresh package names.
+    pub edit_drills: usize,
 }
 
 impl Stage1Config {
@@ -213,6 +217,7 @@ impl Default for Stage1Config {
             curation: crate::rft::p2t::Curation::default(),
             p2t: crate::rft::p2t::P2tConfig::default(),
             replay_exercises: 400,
+            edit_drills: 0,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod compare;
 pub mod config;
 pub mod curriculum;
 pub mod curriculum_run;
+pub mod edit_drill;
 pub mod eval_cache;
 pub mod export;
 pub mod failforge;

@@ -448,6 +448,33 @@ fn generated_counts(d: &crate::pipeline::config::DataConfig) -> (usize, usize) {
 }
 
 /// The first `per` instances of each repository, in their order.
+/// The training repositories' Python files as the edit drills read them: (repository-relative
+/// path, text), two copies of each repository under fresh package names (as stage 1 renames its
+/// teacher data), so that drills teach copying rather than the training packages' names.
+fn drill_files(
+    code_files: &BTreeMap<String, (String, String)>,
+    seed: u64,
+) -> Vec<(String, String)> {
+    let mut rng = SplitMix::new(seed);
+    let mut by_repo: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+    for (key, (repo, text)) in code_files {
+        let path = key.strip_prefix(&format!("{repo}/")).unwrap_or(key);
+        by_repo.entry(repo).or_default().push((path, text));
+    }
+    let mut out = Vec::new();
+    for (repo, files) in by_repo {
+        let renamer = Renamer::new(package_of(repo));
+        for _ in 0..2 {
+            let to = fresh_name(&mut rng);
+            out.extend(files.iter().map(|(p, t)| match &renamer {
+                Some(r) => (r.apply(p, &to), r.apply(t, &to)),
+                None => (p.to_string(), t.to_string()),
+            }));
+        }
+    }
+    out
+}
+
 fn first_per_repo<'a>(instances: impl Iterator<Item = &'a Instance>, per: usize) -> Vec<Instance> {
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     instances
@@ -898,12 +925,23 @@ pub fn run_repro<B: Backend>(
     // long examples does not wipe out copying.
     let mut s1_data = out.join("stage1_sft.jsonl");
     chat_jsonl(&s1_data, &kept)?;
-    if curriculum.is_some() && cfg.stage1.replay_exercises > 0 {
+    let replay = curriculum.is_some() && cfg.stage1.replay_exercises > 0;
+    if replay {
         kept.extend(crate::pipeline::curriculum::exercises(
             cfg.stage1.replay_exercises,
             &code_names,
             random_u64(cfg.seed, 0xa09, 6),
         ));
+    }
+    if cfg.stage1.edit_drills > 0 {
+        let files = drill_files(&code_files, random_u64(cfg.seed, 0xa09, 12));
+        kept.extend(crate::pipeline::edit_drill::edit_drills(
+            cfg.stage1.edit_drills,
+            &files,
+            random_u64(cfg.seed, 0xa09, 13),
+        ));
+    }
+    if replay || cfg.stage1.edit_drills > 0 {
         s1_data = out.join("stage1_train.jsonl");
         chat_jsonl(&s1_data, &kept)?;
     }
