@@ -72,9 +72,10 @@ fn window(path: &str, lines: &[&str], i: usize, rng: &mut SplitMix) -> Window {
         .rev()
         .find(|&k| lines[k].trim_start().starts_with("def "))
         .unwrap_or(i.saturating_sub(1 + rng.below(4) as usize));
+    let stop = (i + 2 + rng.below(4) as usize).min(lines.len());
     let mut end = i;
-    for k in i + 1..(i + 2 + rng.below(4) as usize).min(lines.len()) {
-        let t = lines[k].trim_start();
+    for (k, l) in lines.iter().enumerate().take(stop).skip(i + 1) {
+        let t = l.trim_start();
         if t.starts_with("def ") || t.starts_with("class ") || t.starts_with('@') {
             break;
         }
