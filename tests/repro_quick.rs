@@ -149,8 +149,37 @@ fn a_stalled_curriculum_starts_again_from_a_new_initialisation() {
             "model.curriculum_patience=1",
             "model.curriculum_stall_probe=0",
             "model.curriculum_restarts=1",
+            "stage1.edit_drills=6",
         ],
     );
+    // The edit drills join the stage-1 training data (not the curated teacher examples), each
+    // answered by a SEARCH/REPLACE block of a line its prompt shows.
+    let train = std::fs::read_to_string(a.path().join("stage1_train.jsonl")).unwrap();
+    let curated = std::fs::read_to_string(a.path().join("stage1_sft.jsonl")).unwrap();
+    let drills: Vec<serde_json::Value> = train
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| {
+            v["messages"][1]["content"]
+                .as_str()
+                .is_some_and(|a| a.contains("does what the issue asks"))
+        })
+        .collect();
+    assert_eq!(drills.len(), 6, "{train}");
+    assert!(!curated.contains("does what the issue asks"));
+    for d in &drills {
+        let answer = d["messages"][1]["content"].as_str().unwrap();
+        let search = answer
+            .split("<<<<<<< SEARCH\n")
+            .nth(1)
+            .and_then(|r| r.split("\n=======").next())
+            .unwrap();
+        let prompt = d["messages"][0]["content"].as_str().unwrap();
+        assert!(
+            prompt.contains(&format!("{search}\n")),
+            "{prompt}\n{answer}"
+        );
+    }
     let text = std::fs::read_to_string(a.path().join("curriculum_attempts.json")).unwrap();
     let attempts: serde_json::Value = serde_json::from_str(&text).unwrap();
     let attempts = attempts.as_array().unwrap();

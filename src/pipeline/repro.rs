@@ -1666,6 +1666,40 @@ mod tests {
     use crate::pipeline::config::DataConfig;
 
     #[test]
+    fn drill_files_are_two_renamed_copies_of_each_repository() {
+        let mut code = BTreeMap::new();
+        for (repo, path, text) in [
+            (
+                "synth/umber3",
+                "umber3/graph.py",
+                "from umber3 import util\n",
+            ),
+            ("synth/umber3", "tests/test_graph.py", "import umber3\n"),
+            ("synth/wicket4", "wicket4/text.py", "x = 1\n"),
+        ] {
+            code.insert(
+                format!("{repo}/{path}"),
+                (repo.to_string(), text.to_string()),
+            );
+        }
+        let files = drill_files(&code, 5);
+        assert_eq!(files.len(), 6);
+        for (p, t) in &files {
+            assert!(!p.contains("umber3") && !t.contains("umber3"), "{p}: {t}");
+            assert!(!p.contains("wicket4") && !p.starts_with("synth/"), "{p}");
+        }
+        let graph: Vec<&(String, String)> = files
+            .iter()
+            .filter(|(p, _)| p.ends_with("/graph.py"))
+            .collect();
+        assert_eq!(graph.len(), 2);
+        assert_ne!(graph[0].0, graph[1].0, "each copy has its own package name");
+        let pkg = graph[0].0.split('/').next().unwrap_or("");
+        assert_eq!(graph[0].1, format!("from {pkg} import util\n"));
+        assert_eq!(files, drill_files(&code, 5));
+    }
+
+    #[test]
     fn training_repositories_get_more_instances_and_the_others_keep_per_repo() {
         let d = |instances, per_repo, train_per_repo| DataConfig {
             instances,
