@@ -12,25 +12,15 @@ use crate::model::chat::Message;
 use crate::swe::prompt::{edit_prompt, raw_view};
 use crate::swe::reward::Window;
 
-/// Changes a drill asks for: (fragment, replacement); the same operator and literal swaps the
-/// built-in teacher knows.
-const CHANGES: &[(&str, &str)] = &[
-    (" == ", " != "),
-    (" != ", " == "),
-    (" < ", " <= "),
-    (" <= ", " < "),
-    (" > ", " >= "),
-    (" >= ", " > "),
-    (" + ", " - "),
-    (" - ", " + "),
-    (" * ", " / "),
-    (" and ", " or "),
-    (" or ", " and "),
-    ("min(", "max("),
-    ("max(", "min("),
-    ("True", "False"),
-    ("False", "True"),
-];
+/// Changes a drill asks for: (fragment, replacement), the built-in teacher's operator and
+/// literal swaps without its deletions (a drill's replacement fragment names what to write).
+fn changes() -> Vec<(&'static str, &'static str)> {
+    crate::rft::teacher::INVERSE_MUTATIONS
+        .iter()
+        .filter(|(_, to)| !to.is_empty())
+        .copied()
+        .collect()
+}
 
 /// Lines a drill may change: code lines, not definitions, decorators or comments.
 fn is_target(line: &str) -> bool {
@@ -95,12 +85,13 @@ fn window(path: &str, lines: &[&str], i: usize, rng: &mut SplitMix) -> Window {
 fn drill(files: &[(String, String)], rng: &mut SplitMix) -> Option<Vec<Message>> {
     let (path, text) = &files[rng.below(files.len() as u64) as usize];
     let lines: Vec<&str> = text.lines().collect();
+    let changes = changes();
     let cands: Vec<(usize, usize, usize)> = lines
         .iter()
         .enumerate()
         .filter(|(_, l)| is_target(l))
         .flat_map(|(i, l)| {
-            CHANGES
+            changes
                 .iter()
                 .enumerate()
                 .filter_map(move |(c, (from, _))| l.find(from).map(|at| (i, c, at)))
@@ -110,7 +101,7 @@ fn drill(files: &[(String, String)], rng: &mut SplitMix) -> Option<Vec<Message>>
         return None;
     }
     let (i, c, at) = cands[rng.below(cands.len() as u64) as usize];
-    let (from, to) = CHANGES[c];
+    let (from, to) = changes[c];
     let line = lines[i];
     let new = format!("{}{to}{}", &line[..at], &line[at + from.len()..]);
     let (s, e) = fragment(line, at, from);

@@ -197,7 +197,7 @@ fn mention_list(words: &[&String]) -> String {
 }
 
 /// Rewrites that undo common bugs, tried on a suspicious line.
-const INVERSE_MUTATIONS: &[(&str, &str)] = &[
+pub(crate) const INVERSE_MUTATIONS: &[(&str, &str)] = &[
     (" == ", " != "),
     (" != ", " == "),
     (" < ", " <= "),
