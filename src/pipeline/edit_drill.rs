@@ -9,28 +9,19 @@
 
 use crate::engine::rng::SplitMix;
 use crate::model::chat::Message;
+use crate::rft::teacher::{is_code_line, INVERSE_MUTATIONS};
+use crate::swe::codemap::is_test_path;
 use crate::swe::prompt::{edit_prompt, raw_view};
 use crate::swe::reward::Window;
 
 /// Changes a drill asks for: (fragment, replacement), the built-in teacher's operator and
 /// literal swaps without its deletions (a drill's replacement fragment names what to write).
 fn changes() -> Vec<(&'static str, &'static str)> {
-    crate::rft::teacher::INVERSE_MUTATIONS
+    INVERSE_MUTATIONS
         .iter()
         .filter(|(_, to)| !to.is_empty())
         .copied()
         .collect()
-}
-
-/// Lines a drill may change: code lines, not definitions, decorators or comments.
-fn is_target(line: &str) -> bool {
-    let t = line.trim();
-    !(t.is_empty()
-        || t.starts_with('#')
-        || t.starts_with("def ")
-        || t.starts_with("class ")
-        || t.starts_with('@')
-        || t.starts_with("\"\"\""))
 }
 
 /// The instruction's fragment around byte `at` (where `from` starts in `line`): the change with
@@ -79,17 +70,25 @@ fn window(path: &str, lines: &[&str], i: usize, rng: &mut SplitMix) -> Window {
     }
 }
 
+/// A path's top-level folder (its package).
+fn package(path: &str) -> &str {
+    path.split('/').next().unwrap_or("")
+}
+
 /// One drill from `files` ((path, text) pairs; a second segment, shown half the time, comes from
 /// another file of the same top-level package), or `None` when the draw found no changeable line
 /// whose fragment is unique among the shown segments.
-fn drill(files: &[(String, String)], rng: &mut SplitMix) -> Option<Vec<Message>> {
+fn drill(
+    files: &[(String, String)],
+    changes: &[(&str, &str)],
+    rng: &mut SplitMix,
+) -> Option<Vec<Message>> {
     let (path, text) = &files[rng.below(files.len() as u64) as usize];
     let lines: Vec<&str> = text.lines().collect();
-    let changes = changes();
     let cands: Vec<(usize, usize, usize)> = lines
         .iter()
         .enumerate()
-        .filter(|(_, l)| is_target(l))
+        .filter(|(_, l)| is_code_line(l))
         .flat_map(|(i, l)| {
             changes
                 .iter()
@@ -108,7 +107,6 @@ fn drill(files: &[(String, String)], rng: &mut SplitMix) -> Option<Vec<Message>>
     let frag = line[s..e].trim();
     let frag_new = new[s..e + to.len() - from.len()].trim();
     let mut windows = vec![window(path, &lines, i, rng)];
-    let package = |p: &str| p.split('/').next().unwrap_or("").to_string();
     let siblings: Vec<&(String, String)> = files
         .iter()
         .filter(|(p, _)| p != path && package(p) == package(path))
@@ -159,12 +157,10 @@ pub fn edit_drills(n: usize, files: &[(String, String)], seed: u64) -> Vec<Vec<M
     // The package's code, as the real edits change it, not its tests.
     let files: Vec<(String, String)> = files
         .iter()
-        .filter(|(p, _)| {
-            let name = p.rsplit('/').next().unwrap_or(p);
-            !p.starts_with("tests/") && !p.contains("/tests/") && !name.starts_with("test_")
-        })
+        .filter(|(p, _)| !is_test_path(p))
         .cloned()
         .collect();
+    let changes = changes();
     if files.is_empty() {
         return out;
     }
@@ -172,7 +168,7 @@ pub fn edit_drills(n: usize, files: &[(String, String)], seed: u64) -> Vec<Vec<M
         if out.len() == n {
             break;
         }
-        if let Some(d) = drill(&files, &mut rng) {
+        if let Some(d) = drill(&files, &changes, &mut rng) {
             out.push(d);
         }
     }

@@ -447,7 +447,6 @@ fn generated_counts(d: &crate::pipeline::config::DataConfig) -> (usize, usize) {
     )
 }
 
-/// The first `per` instances of each repository, in their order.
 /// The training repositories' Python files as the edit drills read them: (repository-relative
 /// path, text), two copies of each repository under fresh package names (as stage 1 renames its
 /// teacher data), so that drills teach copying rather than the training packages' names.
@@ -475,6 +474,7 @@ fn drill_files(
     out
 }
 
+/// The first `per` instances of each repository, in their order.
 fn first_per_repo<'a>(instances: impl Iterator<Item = &'a Instance>, per: usize) -> Vec<Instance> {
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     instances

@@ -196,6 +196,18 @@ fn mention_list(words: &[&String]) -> String {
         .join(", ")
 }
 
+/// Whether a line is code a fix may change: not blank, a comment, a definition, a decorator or
+/// a docstring opener.
+pub(crate) fn is_code_line(line: &str) -> bool {
+    let t = line.trim();
+    !(t.is_empty()
+        || t.starts_with('#')
+        || t.starts_with("def ")
+        || t.starts_with("class ")
+        || t.starts_with('@')
+        || t.starts_with("\"\"\""))
+}
+
 /// Rewrites that undo common bugs, tried on a suspicious line.
 pub(crate) const INVERSE_MUTATIONS: &[(&str, &str)] = &[
     (" == ", " != "),
@@ -344,16 +356,10 @@ impl BuiltinTeacher {
                 let mut cands: Vec<(String, usize, String, f64)> = Vec::new();
                 for w in &r.shown.windows {
                     for (k, line) in w.text.lines().enumerate() {
-                        let t = line.trim();
-                        if t.is_empty()
-                            || t.starts_with('#')
-                            || t.starts_with("def ")
-                            || t.starts_with("class ")
-                            || t.starts_with('@')
-                            || t.starts_with("\"\"\"")
-                        {
+                        if !is_code_line(line) {
                             continue;
                         }
+                        let t = line.trim();
                         let ids = identifiers(t);
                         let mut s = ids.iter().filter(|x| words.contains(*x)).count() as f64;
                         if INVERSE_MUTATIONS.iter().any(|(a, _)| line.contains(a)) {
