@@ -20,6 +20,49 @@ pub fn fresh_name(rng: &mut SplitMix) -> String {
     s
 }
 
+/// A made-up package name shaped like the synthetic repositories' own (`umber3`, `quokka48`):
+/// a pronounceable word of two or three syllables and a number under 60. The held-out
+/// repositories' names are words, which the tokenizer splits into a few word pieces; renamed
+/// training copies under names of the same shape train copying those pieces, where
+/// [`fresh_name`]'s random letters train copying letter runs. Never one of the synthetic
+/// package words, so no held-out name is drawn on purpose.
+pub fn package_name(rng: &mut SplitMix) -> String {
+    const ONSETS: [&str; 32] = [
+        "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "qu", "r", "s", "t", "v", "w",
+        "y", "z", "br", "ch", "cr", "fl", "gr", "kl", "pl", "sh", "sp", "st", "th", "tr",
+    ];
+    const VOWELS: [&str; 9] = ["a", "e", "i", "o", "u", "ee", "oo", "ai", "ou"];
+    const CODAS: [&str; 16] = [
+        "", "", "", "", "r", "l", "n", "m", "ck", "t", "s", "x", "rk", "mb", "ll", "ss",
+    ];
+    let pick = |rng: &mut SplitMix, xs: &[&'static str]| xs[rng.below(xs.len() as u64) as usize];
+    loop {
+        let mut word = String::new();
+        for i in 0..2 + rng.below(2) {
+            // A word may start with a vowel (`umber`), later syllables usually have an onset.
+            let onset = if i == 0 {
+                rng.below(5) > 0
+            } else {
+                rng.below(10) > 1
+            };
+            if onset {
+                word.push_str(pick(rng, &ONSETS));
+            }
+            word.push_str(pick(rng, &VOWELS));
+            word.push_str(pick(rng, &CODAS));
+        }
+        if !is_synthetic_word(&word) {
+            word.push_str(&rng.below(60).to_string());
+            return word;
+        }
+    }
+}
+
+/// Whether `word` is one of the synthetic repositories' package words (held-out names included).
+fn is_synthetic_word(word: &str) -> bool {
+    crate::swe::synth::templates::PACKAGE_WORDS.contains(&word)
+}
+
 /// A renamer of one package: whole-word occurrences only (`umber3` in `umber3/graph.py` and
 /// `from umber3 import graph`, never inside `umber31`).
 pub struct Renamer {
@@ -82,7 +125,7 @@ pub fn renamed_items(items: &[RlItem], n: usize, seed: u64) -> anyhow::Result<Ve
     let mut out = Vec::with_capacity(items.len() * n);
     for item in items {
         for _ in 0..n {
-            out.push(rename_item(item, &fresh_name(&mut rng))?);
+            out.push(rename_item(item, &package_name(&mut rng))?);
         }
     }
     Ok(out)
@@ -123,5 +166,42 @@ mod tests {
         );
         assert!(Renamer::new("").is_none());
         assert_eq!(package_of("synth/umber3"), "umber3");
+    }
+
+    #[test]
+    fn package_names_look_like_the_synthetic_ones_and_never_are_one() {
+        let mut rng = SplitMix::new(11);
+        let names: Vec<String> = (0..20_000).map(|_| package_name(&mut rng)).collect();
+        let words = &crate::swe::synth::templates::PACKAGE_WORDS;
+        for n in &names {
+            let word = n.trim_end_matches(|c: char| c.is_ascii_digit());
+            let num: u64 = n[word.len()..].parse().unwrap();
+            assert!(num < 60, "{n}");
+            assert!(
+                word.len() >= 2 && word.chars().all(|c| c.is_ascii_lowercase()),
+                "{n}"
+            );
+            assert!(!words.contains(&word), "{n} is a synthetic package word");
+            assert!(!is_synthetic_word(word));
+            // Pronounceable: at most a coda and an onset between two vowels.
+            let run = word
+                .chars()
+                .fold((0, 0), |(cur, best), c| {
+                    let cur = if "aeiou".contains(c) { 0 } else { cur + 1 };
+                    (cur, best.max(cur))
+                })
+                .1;
+            assert!(run <= 4, "{n}");
+        }
+        // The draw is redrawn on a package word (too rare to show up in a sample).
+        assert!(is_synthetic_word("umber") && is_synthetic_word("quokka"));
+        assert!(!is_synthetic_word("umbero"));
+        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+        assert!(distinct.len() > 15_000);
+        let mut again = SplitMix::new(11);
+        assert!(names
+            .iter()
+            .take(50)
+            .all(|n| *n == package_name(&mut again)));
     }
 }

@@ -16,7 +16,7 @@ use crate::engine::{Backend, SamplingParams};
 use crate::model::chat::{self, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::load_dir;
-use crate::pipeline::augment::{fresh_name, package_of, Renamer};
+use crate::pipeline::augment::{package_name, package_of, Renamer};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::config::ReproConfig as Cfg;
 use crate::rft::accept::EditAcceptance;
@@ -257,7 +257,7 @@ fn with_renames(cfg: &ReproConfig, repos: &[&str], examples: &[Example], salt: u
         let renamer = Renamer::new(package_of(repos[*i]));
         if let Some(r) = &renamer {
             for _ in 0..cfg.stage1.renames {
-                let to = fresh_name(&mut rng);
+                let to = package_name(&mut rng);
                 let c: Vec<Message> = conv
                     .iter()
                     .map(|m| Message::new(&m.role, &r.apply(&m.content, &to)))

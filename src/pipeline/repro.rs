@@ -21,7 +21,7 @@ use crate::model::chat::{self, Message};
 use crate::model::generate::{generate, GenOptions, GenRequest};
 use crate::model::init::{init_model, EMBEDDED_CORPUS};
 use crate::model::{load_dir, Model, Tokenizer};
-use crate::pipeline::augment::{fresh_name, package_of, Renamer};
+use crate::pipeline::augment::{fresh_name, package_name, package_of, Renamer};
 use crate::pipeline::compare::{cluster_ids, clusters, delta_section, split_repos, Delta};
 use crate::pipeline::config::ReproConfig;
 use crate::pipeline::plot::{bar_chart, line_chart, Series};
@@ -464,7 +464,7 @@ fn drill_files(
     for (repo, files) in by_repo {
         let renamer = Renamer::new(package_of(repo));
         for _ in 0..2 {
-            let to = fresh_name(&mut rng);
+            let to = package_name(&mut rng);
             out.extend(files.iter().map(|(p, t)| match &renamer {
                 Some(r) => (r.apply(p, &to), r.apply(t, &to)),
                 None => (p.to_string(), t.to_string()),
@@ -901,7 +901,7 @@ pub fn run_repro<B: Backend>(
         let renamer = Renamer::new(package_of(&items[i].record.repo));
         if let Some(r) = &renamer {
             for _ in 0..cfg.stage1.renames {
-                let to = fresh_name(&mut rng);
+                let to = package_name(&mut rng);
                 kept.push(
                     conv.iter()
                         .map(|m| Message::new(&m.role, &r.apply(&m.content, &to)))
