@@ -18,7 +18,7 @@ use crate::engine::device::DeviceInfo;
 use crate::engine::rng::{random_u64, SplitMix};
 use crate::engine::{Backend, SamplingParams};
 use crate::model::chat::{self, Message};
-use crate::model::generate::{generate, GenOptions, GenRequest};
+use crate::model::generate::{generate, GenOptions, GenOutput, GenRequest};
 use crate::model::init::{init_model, EMBEDDED_CORPUS};
 use crate::model::{load_dir, Model, Tokenizer};
 use crate::pipeline::augment::{fresh_name, package_name, package_of, Renamer};
@@ -315,52 +315,62 @@ impl<B: Backend> crate::pipeline::curriculum_run::Trainer for CurriculumAttempts
     }
 }
 
-/// Greedy answers to ground-truth prompts, scored: mean reward per subtask.
-/// Mean reward per subtask of `model` on held-out ground-truth prompts, and why answers scored
-/// zero: greedy with `samples == 0`, else the mean over `samples` responses per prompt drawn at
-/// the stage-2 rollout temperature (each prompt's seeds fixed by the run's seed).
+/// One way of decoding the subtask prompts.
+#[derive(Clone, Copy)]
+struct Decoding {
+    /// Answers constrained by the grammar.
+    constrain: bool,
+    /// Greedy with 0, else this many draws at the stage-2 temperature.
+    samples: usize,
+}
+
+/// Mean reward per subtask of `recs` under each of `decodings`. Every decoding's requests for one
+/// prompt are queued together, so they share the prompt's prefill (`generate` gives the same bits
+/// as separate passes: prefill is per request and deterministic).
 fn subtask_rewards<B: Backend>(
     model: &Model<B>,
     tok: &Tokenizer,
     recs: &[SubtaskRecord],
     cfg: &ReproConfig,
-    constrain: bool,
-    samples: usize,
-) -> anyhow::Result<RewardEval> {
+    decodings: &[Decoding],
+) -> anyhow::Result<Vec<RewardEval>> {
     let mut reqs = Vec::new();
+    // (decoding, record) of each request.
     let mut which = Vec::new();
     for (i, r) in recs.iter().enumerate() {
         let (ids, _) = chat::encode(tok, &[Message::new("user", &r.prompt)], true)?;
         if ids.len() > cfg.eval.max_prompt_tokens {
             continue;
         }
-        let constraint = crate::swe::grammar::constraint_for(
-            r,
-            cfg.eval.max_new_tokens,
-            constrain,
-            cfg.eval.ground,
-            cfg.eval.faithful,
-        );
-        for k in 0..samples.max(1) {
-            reqs.push(GenRequest {
-                prompt: ids.clone(),
-                params: if samples == 0 {
-                    SamplingParams::greedy()
-                } else {
-                    SamplingParams {
-                        temperature: cfg.stage2.temperature,
-                        top_k: 0,
-                        top_p: 1.0,
-                        seed: random_u64(cfg.seed, 0x5a3 + i as u64, k as u64),
-                    }
-                },
-                max_new_tokens: cfg.eval.max_new_tokens,
-                stop_ids: tok.stop_ids(),
-                stop_strings: Vec::new(),
-                constraint: constraint.clone(),
-                min_allowed_mass: 0.0,
-            });
-            which.push(i);
+        for (d, dec) in decodings.iter().enumerate() {
+            let constraint = crate::swe::grammar::constraint_for(
+                r,
+                cfg.eval.max_new_tokens,
+                dec.constrain,
+                cfg.eval.ground,
+                cfg.eval.faithful,
+            );
+            for k in 0..dec.samples.max(1) {
+                reqs.push(GenRequest {
+                    prompt: ids.clone(),
+                    params: if dec.samples == 0 {
+                        SamplingParams::greedy()
+                    } else {
+                        SamplingParams {
+                            temperature: cfg.stage2.temperature,
+                            top_k: 0,
+                            top_p: 1.0,
+                            seed: random_u64(cfg.seed, 0x5a3 + i as u64, k as u64),
+                        }
+                    },
+                    max_new_tokens: cfg.eval.max_new_tokens,
+                    stop_ids: tok.stop_ids(),
+                    stop_strings: Vec::new(),
+                    constraint: constraint.clone(),
+                    min_allowed_mass: 0.0,
+                });
+                which.push((d, i));
+            }
         }
     }
     let outs = generate(
@@ -372,6 +382,28 @@ fn subtask_rewards<B: Backend>(
             progress: false,
         },
     )?;
+    decodings
+        .iter()
+        .enumerate()
+        .map(|(d, dec)| {
+            let outs = outs.iter().zip(&which).filter(|(_, w)| w.0 == d);
+            Ok(reward_eval(
+                recs,
+                cfg,
+                dec.samples,
+                outs.map(|(o, w)| (o, w.1)),
+            ))
+        })
+        .collect()
+}
+
+/// The rewards of one decoding's answers `(output, record index)`, in request order.
+fn reward_eval<'a>(
+    recs: &[SubtaskRecord],
+    cfg: &ReproConfig,
+    samples: usize,
+    outs: impl Iterator<Item = (&'a GenOutput, usize)>,
+) -> RewardEval {
     let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     for r in recs {
         sums.entry(r.subtask.name().into()).or_default().1 += samples.max(1);
@@ -379,7 +411,7 @@ fn subtask_rewards<B: Backend>(
     let mut zeros: BTreeMap<String, usize> = BTreeMap::new();
     // Per record: the mean over its responses (0 for a prompt too long to answer).
     let mut per_record = vec![0.0f64; recs.len()];
-    for (o, &i) in outs.iter().zip(&which) {
+    for (o, i) in outs {
         let r = &recs[i];
         let sc = r.reward(&o.text, cfg.stage2.edit_reward);
         if let Some(z) = &sc.zero_reason {
@@ -392,11 +424,34 @@ fn subtask_rewards<B: Backend>(
         .into_iter()
         .map(|(k, (s, n))| (k, s / n.max(1) as f64))
         .collect();
-    Ok(RewardEval {
+    RewardEval {
         means,
         zeros,
         clusters: clusters(recs, &per_record),
-    })
+    }
+}
+
+/// The decodings an evaluation scores subtask prompts under, in this order: free greedy,
+/// constrained greedy (with `eval.constrain`), sampled (with `eval.reward_samples`; constrained
+/// like the pipeline).
+fn decodings(cfg: &ReproConfig) -> Vec<Decoding> {
+    let mut d = vec![Decoding {
+        constrain: false,
+        samples: 0,
+    }];
+    if cfg.eval.constrain {
+        d.push(Decoding {
+            constrain: true,
+            samples: 0,
+        });
+    }
+    if cfg.eval.reward_samples > 0 {
+        d.push(Decoding {
+            constrain: cfg.eval.constrain,
+            samples: cfg.eval.reward_samples,
+        });
+    }
+    d
 }
 
 /// Subtask rewards of one checkpoint under one decoding.
@@ -1140,15 +1195,15 @@ fn dev_rewards<B: Backend>(
     }
     ctx.status
         .detail(format!("evaluation: {name}: dev subtask rewards"));
-    let free = subtask_rewards(model, tok, recs, cfg, false, 0)?.means;
+    let mut r = subtask_rewards(model, tok, recs, cfg, &decodings(cfg))?.into_iter();
+    let free = r.next().map(|e| e.means).unwrap_or_default();
     let constrained = if cfg.eval.constrain {
-        subtask_rewards(model, tok, recs, cfg, true, 0)?.means
+        r.next().map(|e| e.means).unwrap_or_default()
     } else {
         BTreeMap::new()
     };
     let sampled = if cfg.eval.reward_samples > 0 {
-        let k = cfg.eval.reward_samples;
-        subtask_rewards(model, tok, recs, cfg, cfg.eval.constrain, k)?.means
+        r.next().map(|e| e.means).unwrap_or_default()
     } else {
         BTreeMap::new()
     };
@@ -1212,33 +1267,15 @@ fn evaluate_stage<B: Backend>(
     let (model, tok) = load_dir(be, dir)?;
     let tok = tok.with_context(|| format!("{}: no tokenizer", dir.display()))?;
     status.detail(format!(
-        "evaluation: {name}: subtask rewards, free decoding"
+        "evaluation: {name}: subtask rewards (free, constrained, sampled)"
     ));
-    let free = subtask_rewards(&model, &tok, ctx.test_records, cfg, false, 0)?;
-    let constrained = if cfg.eval.constrain {
-        status.detail(format!("evaluation: {name}: subtask rewards, constrained"));
-        Some(subtask_rewards(
-            &model,
-            &tok,
-            ctx.test_records,
-            cfg,
-            true,
-            0,
-        )?)
-    } else {
-        None
-    };
+    let mut r = subtask_rewards(&model, &tok, ctx.test_records, cfg, &decodings(cfg))?.into_iter();
+    let free = r
+        .next()
+        .context("subtask rewards: no free decoding result")?;
+    let constrained = if cfg.eval.constrain { r.next() } else { None };
     let sampled = if cfg.eval.reward_samples > 0 {
-        status.detail(format!("evaluation: {name}: subtask rewards, sampled"));
-        let k = cfg.eval.reward_samples;
-        Some(subtask_rewards(
-            &model,
-            &tok,
-            ctx.test_records,
-            cfg,
-            cfg.eval.constrain,
-            k,
-        )?)
+        r.next()
     } else {
         None
     };
