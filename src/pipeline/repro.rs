@@ -1737,6 +1737,51 @@ mod tests {
     }
 
     #[test]
+    fn one_generate_call_scores_each_decoding_as_its_own_call_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let synth_cfg = SynthConfig {
+            n: 2,
+            seed: 3,
+            per_repo: 2,
+            ..SynthConfig::default()
+        };
+        let insts = synth(&synth_cfg, &data, &|_| {}).unwrap().instances;
+        let store = RepoStore::new(data.join("repos"));
+        let mut recs = Vec::new();
+        for inst in &insts {
+            let snap = store.snapshot(&inst.repo, &inst.base_commit).unwrap();
+            let gt = ground_truth(&inst.patch, &snap).unwrap();
+            recs.extend(training_records(inst, &snap, &gt));
+        }
+        let mdir = dir.path().join("model");
+        init_model(
+            crate::model::init::Preset::Tiny,
+            &mdir,
+            5,
+            &[EMBEDDED_CORPUS.to_string()],
+        )
+        .unwrap();
+        let (model, tok) = load_dir(&crate::engine::Cpu, &mdir).unwrap();
+        let tok = tok.unwrap();
+        let mut cfg = ReproConfig::default();
+        cfg.eval.max_new_tokens = 12;
+        cfg.eval.batch = 3;
+        cfg.eval.reward_samples = 2;
+        let all = decodings(&cfg);
+        assert_eq!(all.len(), 3);
+        let together = subtask_rewards(&model, &tok, &recs, &cfg, &all).unwrap();
+        for (d, dec) in all.iter().enumerate() {
+            let alone = subtask_rewards(&model, &tok, &recs, &cfg, &[*dec]).unwrap();
+            assert_eq!(together[d].means, alone[0].means, "decoding {d}");
+            assert_eq!(together[d].zeros, alone[0].zeros, "decoding {d}");
+            assert_eq!(together[d].clusters, alone[0].clusters, "decoding {d}");
+        }
+        // The decodings answer differently (a mix-up of outputs would show).
+        assert_ne!(together[0].zeros, together[1].zeros);
+    }
+
+    #[test]
     fn training_repositories_get_more_instances_and_the_others_keep_per_repo() {
         let d = |instances, per_repo, train_per_repo| DataConfig {
             instances,
