@@ -217,7 +217,7 @@ impl Default for Stage1Config {
             curation: crate::rft::p2t::Curation::default(),
             p2t: crate::rft::p2t::P2tConfig::default(),
             replay_exercises: 400,
-            edit_drills: 0,
+            edit_drills: 400,
         }
     }
 }
@@ -291,6 +291,7 @@ impl ReproConfig {
         c.model.curriculum_exercises = 64;
         c.stage1.samples_per_prompt = 2;
         c.stage1.epochs = 1;
+        c.stage1.edit_drills = 8;
         c.stage1.max_len = 1536;
         c.stage2.steps = 2;
         c.stage2.prompts_per_step = 4;
