@@ -382,19 +382,14 @@ fn subtask_rewards<B: Backend>(
             progress: false,
         },
     )?;
-    decodings
+    Ok(decodings
         .iter()
         .enumerate()
         .map(|(d, dec)| {
             let outs = outs.iter().zip(&which).filter(|(_, w)| w.0 == d);
-            Ok(reward_eval(
-                recs,
-                cfg,
-                dec.samples,
-                outs.map(|(o, w)| (o, w.1)),
-            ))
+            reward_eval(recs, cfg, dec.samples, outs.map(|(o, w)| (o, w.1)))
         })
-        .collect()
+        .collect())
 }
 
 /// The rewards of one decoding's answers `(output, record index)`, in request order.
