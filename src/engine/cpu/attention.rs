@@ -2,8 +2,8 @@
 
 use rayon::prelude::*;
 
+use super::kv_rows::{axpy_rows, dot_rows};
 use super::matmul::{gemm, MatRef};
-use super::simd::{axpy, dot};
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
 use crate::engine::backend::AttentionShape;
 use crate::engine::error::{EngineError, Result};
@@ -254,24 +254,56 @@ pub(crate) fn attend_row(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) -> f32 {
-    let d = q.len();
     scores.clear();
+    dot_rows(q, keys, base, stride, n, scale, scores);
+    let (mx, sum) = softmax_weights(scores);
+    axpy_rows(out, scores, 1.0 / sum, values, base, stride);
+    mx + sum.ln()
+}
+
+/// Replaces scaled scores by `exp(score - max)` in place; returns the max and the sum of the
+/// exponentials (taken in order).
+fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     let mut mx = f32::NEG_INFINITY;
-    for j in 0..n {
-        let at = base + j * stride;
-        let sc = dot(q, &keys[at..at + d]) * scale;
+    for &sc in scores.iter() {
         mx = mx.max(sc);
-        scores.push(sc);
     }
     let mut sum = 0.0f32;
     for sc in scores.iter_mut() {
-        *sc = (*sc - mx).exp();
+        *sc = exp_or_zero(*sc - mx);
         sum += *sc;
     }
-    let inv = 1.0 / sum;
-    for (j, &p) in scores.iter().enumerate() {
-        let at = base + j * stride;
-        axpy(out, p * inv, &values[at..at + d]);
+    (mx, sum)
+}
+
+/// `x.exp()`, without the library's slow underflow path where the result is exactly 0: glibc's
+/// `expf` returns +0 for every input below about -103.97 (checked for every f32 below -104).
+#[inline]
+fn exp_or_zero(x: f32) -> f32 {
+    if x < -104.0 {
+        0.0
+    } else {
+        x.exp()
     }
-    mx + sum.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_or_zero;
+
+    /// Around and below the cut-off the shortcut gives the library's bits (a cut-off above the
+    /// point where `expf` rounds to 0 would fail here).
+    #[test]
+    fn exp_shortcut_has_the_library_bits() {
+        let lo = (-200.0f32).to_bits();
+        let hi = (-60.0f32).to_bits();
+        // Negative floats: larger bit patterns are further from zero.
+        for b in (hi..=lo).step_by(211) {
+            let x = f32::from_bits(b);
+            assert_eq!(exp_or_zero(x).to_bits(), x.exp().to_bits(), "x = {x}");
+        }
+        for x in [f32::NEG_INFINITY, f32::NAN, -104.0, -103.9, 0.0] {
+            assert_eq!(exp_or_zero(x).to_bits(), x.exp().to_bits(), "x = {x}");
+        }
+    }
 }
