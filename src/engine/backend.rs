@@ -85,6 +85,16 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// Where a sequence's first cached positions live when its prompt is kept once for several
+/// sequences: positions `0..len` of the sequence are read from slot `slot` of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedPrefix {
+    /// The slot that holds the prompt's keys and values.
+    pub slot: u32,
+    /// Positions read from that slot.
+    pub len: u32,
+}
+
 /// Hyper-parameters of one AdamW update (PyTorch semantics: decoupled weight decay, bias
 /// correction of both moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -208,6 +218,29 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
         positions: &Tensor<Self>,
         shape: AttentionShape,
     ) -> Result<Tensor<Self>>;
+    /// Whether [`Backend::attention_shared`] is implemented.
+    fn shares_prefixes(&self) -> bool {
+        false
+    }
+    /// [`Backend::attention`] where row `t` with `prefix[t] = Some(p)` reads its positions
+    /// `0..p.len` from slot `p.slot` and the rest from its own slot (one host-side entry per row).
+    /// Only backends whose [`Backend::shares_prefixes`] is true implement it.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_shared(
+        &self,
+        q: &Tensor<Self>,
+        k_cache: &Tensor<Self>,
+        v_cache: &Tensor<Self>,
+        slots: &Tensor<Self>,
+        positions: &Tensor<Self>,
+        prefix: &[Option<SharedPrefix>],
+        shape: AttentionShape,
+    ) -> Result<Tensor<Self>> {
+        let _ = (q, k_cache, v_cache, slots, positions, prefix, shape);
+        Err(EngineError::Device(
+            "attention over shared prompt prefixes is not implemented by this backend".into(),
+        ))
+    }
     /// Rows of `x [T, D]` selected by `rows [R]`: `[R, D]`.
     fn gather_rows(&self, x: &Tensor<Self>, rows: &Tensor<Self>) -> Result<Tensor<Self>>;
 

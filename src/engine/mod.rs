@@ -13,7 +13,7 @@ pub mod sampling;
 pub mod shapes;
 pub mod tensor;
 
-pub use backend::{AttentionShape, Backend, HostData};
+pub use backend::{AttentionShape, Backend, HostData, SharedPrefix};
 pub use cpu::Cpu;
 pub use cuda::Cuda;
 pub use dtype::DType;

@@ -7,13 +7,19 @@
 //! prompt copies the slot's cached keys and values (or reuses them in place) instead of running
 //! the prompt through the model again. Prefill is per request and deterministic, so the outputs
 //! are the same bits either way.
+//!
+//! On backends that [share prefixes](crate::engine::Backend::shares_prefixes) (the CPU) the
+//! prompt is not copied: the later request's slot records that its first positions live in the
+//! slot that holds the prompt (`KvCache::shared`), and decode attention reads the prompt there
+//! once for the whole group. Before a slot that others read is given a new sequence, each reader
+//! gets its own copy. The outputs are again the same bits.
 
 use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
 use crate::engine::sampling::Sampled;
-use crate::engine::{Backend, HostData, SamplingParams, Tensor};
+use crate::engine::{Backend, HostData, SamplingParams, SharedPrefix, Tensor};
 use crate::model::adapter::Adapters;
 use crate::model::constraint::{ConstraintState, TokenConstraint, TokenSet};
 use crate::model::error::{ModelError, Result};
@@ -178,6 +184,9 @@ pub struct GenStats {
     pub shared_prefills: usize,
     /// Tokens generated.
     pub generated_tokens: usize,
+    /// Prompts copied into a sequence's own slot because the slot that kept them for several
+    /// sequences was reused (backends that share prefixes in the cache).
+    pub prefix_copies: usize,
 }
 
 /// The prefill a slot's cache holds: its prompt and the logits after it.
@@ -210,6 +219,20 @@ fn copy_prefix<B: Backend>(
         be.kv_write(t, &src?, &slots, &pos)?;
     }
     Ok(())
+}
+
+/// Before slot `slot` takes a new sequence: every slot that reads its prompt from `slot` gets its
+/// own copy. Returns the number of copies made.
+fn release<B: Backend>(be: &B, cache: &mut KvCache<B>, slot: usize) -> Result<usize> {
+    let mut copies = 0;
+    for x in 0..cache.slots {
+        if let Some(sp) = cache.shared[x].filter(|sp| sp.slot as usize == slot) {
+            copy_prefix(be, cache, slot, x, sp.len as usize)?;
+            cache.shared[x] = None;
+            copies += 1;
+        }
+    }
+    Ok(copies)
 }
 
 /// Generates a continuation for every request; outputs come back in request order.
@@ -288,6 +311,9 @@ fn generate_inner<B: Backend>(
         .unwrap_or(1);
     let n_slots = opts.max_batch.max(1).min(reqs.len());
     let mut cache = KvCache::new(&model.backend, &model.config, n_slots, max_seq)?;
+    // Shared prompts stay in one slot (others read them there) where the backend supports it;
+    // elsewhere they are copied into each sequence's slot.
+    let share_kv = share_prefill && model.backend.shares_prefixes();
     let bar = if opts.progress {
         indicatif::ProgressBar::new(reqs.len() as u64)
     } else {
@@ -339,7 +365,14 @@ fn generate_inner<B: Backend>(
                 };
                 let logits = match source {
                     Some(p) => {
-                        if p != slot {
+                        if p != slot && share_kv {
+                            stats.prefix_copies += release(&model.backend, &mut cache, slot)?;
+                            let root = cache.shared[p].map_or(p as u32, |sp| sp.slot);
+                            cache.shared[slot] = Some(SharedPrefix {
+                                slot: root,
+                                len: n as u32,
+                            });
+                        } else if p != slot {
                             copy_prefix(&model.backend, &mut cache, p, slot, n)?;
                         }
                         stats.shared_prefills += 1;
@@ -350,6 +383,8 @@ fn generate_inner<B: Backend>(
                 let logits = match logits {
                     Some(l) => l,
                     None => {
+                        stats.prefix_copies += release(&model.backend, &mut cache, slot)?;
+                        cache.shared[slot] = None;
                         let sl = vec![slot as u32; n];
                         let pos: Vec<u32> = (0..n as u32).collect();
                         stats.prefill_tokens += n;

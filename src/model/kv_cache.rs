@@ -1,7 +1,7 @@
 //! The key/value cache: per layer, `[slots, max_seq, kv_heads * head_dim]` for keys and values.
 //! A slot holds one sequence; its length lives on the host.
 
-use crate::engine::{Backend, DType, Tensor};
+use crate::engine::{Backend, DType, SharedPrefix, Tensor};
 use crate::model::error::Result;
 use crate::model::ModelConfig;
 
@@ -15,6 +15,11 @@ pub struct KvCache<B: Backend> {
     pub slots: usize,
     /// Positions per slot.
     pub max_seq: usize,
+    /// Per slot: where its first positions live when they are another slot's prompt, kept once
+    /// (only on backends that [share prefixes](Backend::shares_prefixes)). The named slot must
+    /// keep those positions unchanged while any entry names it (generation copies them out
+    /// before it reuses the slot).
+    pub shared: Vec<Option<SharedPrefix>>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -32,6 +37,7 @@ impl<B: Backend> KvCache<B> {
             v,
             slots,
             max_seq,
+            shared: vec![None; slots],
         })
     }
 

@@ -227,6 +227,13 @@ impl<B: Backend> Model<B> {
         let pos = b.upload(HostData::U32(s.positions), &[n])?;
         let rows = b.upload(HostData::U32(s.logit_rows), &[s.logit_rows.len()])?;
         let shape = self.attention_shape();
+        // Rows whose slot reads its prompt from another slot (generation shares prompts).
+        let prefix: Option<Vec<_>> = cache.shared.iter().any(Option::is_some).then(|| {
+            s.slots
+                .iter()
+                .map(|&x| cache.shared.get(x as usize).copied().flatten())
+                .collect()
+        });
         let mut x = b.embedding(&self.embed, &ids)?;
         for (l, blk) in self.blocks.iter().enumerate() {
             let h = b.rms_norm(&x, &blk.input_norm, c.rms_norm_eps)?;
@@ -237,7 +244,11 @@ impl<B: Backend> Model<B> {
             b.rope(&mut k, &pos, c.head_dim, c.rope_theta)?;
             b.kv_write(&mut cache.k[l], &k, &slots, &pos)?;
             b.kv_write(&mut cache.v[l], &v, &slots, &pos)?;
-            let a = b.attention(&q, &cache.k[l], &cache.v[l], &slots, &pos, shape)?;
+            let (kc, vc) = (&cache.k[l], &cache.v[l]);
+            let a = match &prefix {
+                Some(p) => b.attention_shared(&q, kc, vc, &slots, &pos, p, shape)?,
+                None => b.attention(&q, kc, vc, &slots, &pos, shape)?,
+            };
             let o = ad.linear(b, &a, &blk.o, blk.o_bias.as_ref(), l, T::O)?;
             b.add_assign(&mut x, &o)?;
             let h = b.rms_norm(&x, &blk.post_norm, c.rms_norm_eps)?;

@@ -4,8 +4,9 @@ use rayon::prelude::*;
 
 use super::kv_rows::{axpy_rows, dot_rows};
 use super::matmul::{gemm, MatRef};
+use super::prefix_attn;
 use super::{f32s, f32s_mut, tensor_f32, u32s, Cpu};
-use crate::engine::backend::AttentionShape;
+use crate::engine::backend::{AttentionShape, SharedPrefix};
 use crate::engine::error::{EngineError, Result};
 use crate::engine::Tensor;
 
@@ -82,6 +83,32 @@ pub fn attention(
     positions: &Tensor<Cpu>,
     sh: AttentionShape,
 ) -> Result<Tensor<Cpu>> {
+    attention_with(q, k_cache, v_cache, slots, positions, None, sh)
+}
+
+/// [`attention`] where a row with `prefix[t] = Some(p)` reads its positions `0..p.len` from slot
+/// `p.slot`; rows that share a prompt read its keys and values once for all of them.
+pub fn attention_shared(
+    q: &Tensor<Cpu>,
+    k_cache: &Tensor<Cpu>,
+    v_cache: &Tensor<Cpu>,
+    slots: &Tensor<Cpu>,
+    positions: &Tensor<Cpu>,
+    prefix: &[Option<SharedPrefix>],
+    sh: AttentionShape,
+) -> Result<Tensor<Cpu>> {
+    attention_with(q, k_cache, v_cache, slots, positions, Some(prefix), sh)
+}
+
+fn attention_with(
+    q: &Tensor<Cpu>,
+    k_cache: &Tensor<Cpu>,
+    v_cache: &Tensor<Cpu>,
+    slots: &Tensor<Cpu>,
+    positions: &Tensor<Cpu>,
+    prefix: Option<&[Option<SharedPrefix>]>,
+    sh: AttentionShape,
+) -> Result<Tensor<Cpu>> {
     let (t, qf) = q.dims2("attention")?;
     let (s, m, kf) = dims3(k_cache, "attention")?;
     let d = sh.head_dim;
@@ -91,15 +118,17 @@ pub fn attention(
         && kf == sh.n_kv_heads * d
         && v_cache.shape() == k_cache.shape()
         && slots.numel() == t
-        && positions.numel() == t;
+        && positions.numel() == t
+        && prefix.is_none_or(|p| p.len() == t);
     if !ok {
         return Err(EngineError::Shape {
             op: "attention",
             detail: format!(
-                "q {:?}, k cache {:?}, v cache {:?}, {sh:?}",
+                "q {:?}, k cache {:?}, v cache {:?}, {sh:?}, {} prefixes for {t} rows",
                 q.shape(),
                 k_cache.shape(),
-                v_cache.shape()
+                v_cache.shape(),
+                prefix.map_or(t, <[_]>::len)
             ),
         });
     }
@@ -128,13 +157,21 @@ pub fn attention(
             in_gemm_run[a..b].iter_mut().for_each(|x| *x = true);
         }
     }
+    let groups = match prefix {
+        Some(p) => prefix_attn::groups(p, sl, ps, &in_gemm_run, s)?,
+        None => Vec::new(),
+    };
+    let mut elsewhere = in_gemm_run.clone();
+    for g in &groups {
+        g.rows.iter().for_each(|&r| elsewhere[r] = true);
+    }
     let mut out = vec![0.0f32; t * qf];
     out.par_chunks_mut(d)
         .enumerate()
         .with_min_len(4)
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, o)| {
             let (row, h) = (i / sh.n_heads, i % sh.n_heads);
-            if in_gemm_run[row] {
+            if elsewhere[row] {
                 return;
             }
             let kvh = h / group;
@@ -174,6 +211,19 @@ pub fn attention(
                 out[dst..dst + d].copy_from_slice(&oh[r * d..(r + 1) * d]);
             }
         }
+    }
+    let cache = prefix_attn::Cache {
+        qs,
+        kc,
+        vc,
+        sl,
+        ps,
+        max_seq: m,
+        shape: sh,
+    };
+    for (row, h, o) in prefix_attn::attend_groups(&cache, &groups) {
+        let dst = row * qf + h * d;
+        out[dst..dst + d].copy_from_slice(&o);
     }
     Ok(tensor_f32(out, &[t, qf]))
 }
@@ -263,7 +313,7 @@ pub(crate) fn attend_row(
 
 /// Replaces scaled scores by `exp(score - max)` in place; returns the max and the sum of the
 /// exponentials (taken in order).
-fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
+pub(crate) fn softmax_weights(scores: &mut [f32]) -> (f32, f32) {
     let mut mx = f32::NEG_INFINITY;
     for &sc in scores.iter() {
         mx = mx.max(sc);

@@ -51,6 +51,36 @@ pub fn dot_rows(
     }
 }
 
+/// [`dot_rows`] of several queries (all of one length) over the same key rows: `out[i]` gets
+/// query `i`'s values, each with the bits of [`dot_rows`] for that query alone.
+pub fn dot_rows_multi(
+    qs: &[&[f32]],
+    rows: &[f32],
+    base: usize,
+    stride: usize,
+    n: usize,
+    scale: f32,
+    out: &mut [Vec<f32>],
+) {
+    let d = qs.first().map_or(0, |q| q.len());
+    #[cfg(target_arch = "x86_64")]
+    if d > 0
+        && d % 16 == 0
+        && qs.iter().all(|q| q.len() == d)
+        && out.len() >= qs.len()
+        && has_avx2_fma()
+        && rows_fit(rows, base, stride, n, d)
+    {
+        // SAFETY: AVX2 and FMA are present; every query has `d` floats, every key row lies inside
+        // `rows` and `d` is a multiple of 16 (checked above).
+        unsafe { dot_rows_multi_avx2(qs, d, rows, base, stride, n, scale, out) };
+        return;
+    }
+    for (q, o) in qs.iter().zip(out.iter_mut()) {
+        dot_rows(q, rows, base, stride, n, scale, o);
+    }
+}
+
 /// `out += (p_j * inv) * value_j` for `j` in order, value `j` being
 /// `rows[base + j * stride..][..out.len()]`: the bits of one [`axpy`] per value row in turn.
 pub fn axpy_rows(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], base: usize, stride: usize) {
@@ -91,6 +121,38 @@ unsafe fn dot_rows_avx2(
         let at = base + j * stride;
         out.push(dot(q, &rows[at..at + d]) * scale);
         j += 1;
+    }
+}
+
+/// [`dot_rows_avx2`] for several queries: each block of four keys is read from memory once and
+/// serves every query from the L1 cache.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows_multi_avx2(
+    qs: &[&[f32]],
+    d: usize,
+    rows: &[f32],
+    base: usize,
+    stride: usize,
+    n: usize,
+    scale: f32,
+    out: &mut [Vec<f32>],
+) {
+    let rp = rows.as_ptr();
+    let mut j = 0;
+    while j + 4 <= n {
+        let k: [*const f32; 4] = std::array::from_fn(|i| rp.add(base + (j + i) * stride));
+        for (q, o) in qs.iter().zip(out.iter_mut()) {
+            o.extend_from_slice(&dot4(q.as_ptr(), d, k, scale));
+        }
+        j += 4;
+    }
+    for (q, o) in qs.iter().zip(out.iter_mut()) {
+        for jj in j..n {
+            let at = base + jj * stride;
+            o.push(dot(q, &rows[at..at + d]) * scale);
+        }
     }
 }
 
@@ -225,6 +287,18 @@ mod tests {
                     want.push(dot(&q, &rows[at..at + d]) * 0.125);
                 }
                 assert_eq!(bits(&got), bits(&want), "dots d={d} n={n}");
+                let q2 = filled(&mut r, d);
+                let mut both = vec![vec![9.0], Vec::new()];
+                dot_rows_multi(&[&q, &q2], &rows, base, stride, n, 0.125, &mut both);
+                let mut second = Vec::new();
+                dot_rows(&q2, &rows, base, stride, n, 0.125, &mut second);
+                assert_eq!(
+                    bits(&both[0]),
+                    bits(&want),
+                    "first of two queries d={d} n={n}"
+                );
+                assert_eq!(bits(&both[1]), bits(&second), "second of two d={d} n={n}");
+
                 let p: Vec<f32> = (0..n).map(|_| r.next_f64() as f32).collect();
                 let start = filled(&mut r, d);
                 let mut got = start.clone();

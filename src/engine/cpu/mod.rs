@@ -7,6 +7,7 @@ mod grad;
 mod kv_rows;
 pub mod matmul;
 mod ops;
+mod prefix_attn;
 pub mod simd;
 mod vexp;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
-use crate::engine::backend::{AdamWParams, AttentionShape, HostData, MappedBytes};
+use crate::engine::backend::{AdamWParams, AttentionShape, HostData, MappedBytes, SharedPrefix};
 use crate::engine::error::{EngineError, Result};
 use crate::engine::sampling::{sample_row, Sampled, SamplingParams};
 use crate::engine::{Backend, DType, Tensor};
@@ -292,6 +293,23 @@ impl Backend for Cpu {
         shape: AttentionShape,
     ) -> Result<Tensor<Self>> {
         attention::attention(q, k_cache, v_cache, slots, positions, shape)
+    }
+
+    fn shares_prefixes(&self) -> bool {
+        true
+    }
+
+    fn attention_shared(
+        &self,
+        q: &Tensor<Self>,
+        k_cache: &Tensor<Self>,
+        v_cache: &Tensor<Self>,
+        slots: &Tensor<Self>,
+        positions: &Tensor<Self>,
+        prefix: &[Option<SharedPrefix>],
+        shape: AttentionShape,
+    ) -> Result<Tensor<Self>> {
+        attention::attention_shared(q, k_cache, v_cache, slots, positions, prefix, shape)
     }
 
     fn gather_rows(&self, x: &Tensor<Self>, rows: &Tensor<Self>) -> Result<Tensor<Self>> {
