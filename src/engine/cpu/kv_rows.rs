@@ -4,6 +4,8 @@
 //! the same order per output), so a decode step does not change when these kernels replace the
 //! per-row calls; they only keep the accumulators in registers and work on four keys at a time.
 
+#[cfg(target_arch = "x86_64")]
+use super::simd::has_avx2_fma;
 use super::simd::{axpy, dot};
 
 /// The rows `base + j * stride .. + d` for `j < n` all lie inside `rows`.
@@ -14,15 +16,6 @@ fn rows_fit(rows: &[f32], base: usize, stride: usize, n: usize, d: usize) -> boo
             .and_then(|x| x.checked_add(base))
             .and_then(|x| x.checked_add(d))
             .is_some_and(|end| end <= rows.len())
-}
-
-#[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
-    use std::sync::OnceLock;
-    static FLAG: OnceLock<bool> = OnceLock::new();
-    *FLAG.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    })
 }
 
 /// Appends to `out`, for `j < n`, `dot(q, key_j) * scale` where key `j` is

@@ -3,7 +3,8 @@
 
 use std::sync::OnceLock;
 
-fn has_avx2_fma() -> bool {
+/// Whether this CPU runs AVX2 and FMA code (checked once).
+pub(crate) fn has_avx2_fma() -> bool {
     static FLAG: OnceLock<bool> = OnceLock::new();
     *FLAG.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
