@@ -62,6 +62,7 @@ impl Case<'_> {
             out: self.out.join(name),
             resume,
             device: None,
+            ptx_data: None,
         };
         let stop = AtomicBool::new(false);
         run_rl_with_fault(

@@ -99,6 +99,7 @@ fn an_rl_run_stopped_and_resumed_reaches_the_same_weights_as_an_uninterrupted_on
         out: out.path().join(name),
         resume,
         device: Some(sorft::engine::device::DeviceInfo::cpu(&Cpu, None)),
+        ptx_data: None,
     };
     let never = AtomicBool::new(false);
     let a = run_rl(&Cpu, &run("a", false), &cfg, &items, &never, &mut |_| {}).unwrap();

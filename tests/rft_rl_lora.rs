@@ -124,6 +124,7 @@ fn run(model: &Path, out: &Path, resume: bool) -> RlRun {
         out: out.to_path_buf(),
         resume,
         device: None,
+        ptx_data: None,
     }
 }
 

@@ -100,6 +100,12 @@ pub struct RlArgs {
     /// distribution (expert iteration inside the update; 0: off).
     #[arg(long, default_value_t = 0.0)]
     pub success_bonus: f32,
+    /// PPO-ptx: coefficient of the supervised loss on --ptx-data in every update (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub ptx_coef: f32,
+    /// Supervised data of the ptx term (chat JSONL, e.g. stage 1's training data).
+    #[arg(long)]
+    pub ptx_data: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -150,6 +156,7 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
         dual_clip: a.dual_clip,
         free_per_group: a.free_per_group,
         success_bonus: a.success_bonus,
+        ptx_coef: a.ptx_coef,
         ..RlConfig::default()
     };
     if let (Some(gpu_bytes), "cuda") = (dev.memory, dev.device.as_str()) {
@@ -184,6 +191,7 @@ fn rl_on<B: Backend>(be: &B, dev: &DeviceInfo, a: RlArgs) -> Result<()> {
         out: a.out.clone(),
         resume: a.resume,
         device: Some(dev.clone()),
+        ptx_data: a.ptx_data.clone(),
     };
     eprintln!("rl: on {}", dev.summary());
     let out = run_rl(be, &run, &cfg, &items, &super::interrupt::STOP, &mut |m| {

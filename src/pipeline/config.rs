@@ -266,6 +266,8 @@ impl Default for ReproConfig {
                 prompt_renames: 2,
                 // Stage 2 stops costing free decoding (notes/learn.md, session 40).
                 positive_full: true,
+                // PPO-ptx: stage 2 no longer loses free decoding (notes/learn.md, session 49).
+                ptx_coef: 1.0,
                 ..RlConfig::default()
             },
             eval: EvalConfig {
@@ -441,6 +443,10 @@ mod tests {
         assert_eq!((d.stage2.lora, d.stage2.tis_cap), (0, 2.0));
         assert_eq!(d.stage2.rescore, crate::rft::mismatch::Rescore::Auto);
         assert!(d.stage2.positive_full && !RlConfig::default().positive_full);
+        assert_eq!(
+            (d.stage2.ptx_coef, RlConfig::default().ptx_coef),
+            (1.0, 0.0)
+        );
         let f = ReproConfig::load(false, None, &["stage2.lora=4".into()]).unwrap();
         assert_eq!(f.stage2.lora, 4);
         assert!(ReproConfig::load(false, None, &["stage2.rescore=\"maybe\"".into()]).is_err());

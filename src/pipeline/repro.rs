@@ -1034,6 +1034,7 @@ pub fn run_repro<B: Backend>(
             out: stage2_out,
             resume,
             device: Some(dev.clone()),
+            ptx_data: Some(s1_data.clone()),
         },
         &rl_cfg,
         &rl_items,

@@ -13,6 +13,7 @@ pub mod monitor;
 pub mod openai;
 pub mod p2t;
 pub mod ppo;
+pub mod ptx;
 pub mod regression;
 pub mod rl;
 pub mod rl_lora;

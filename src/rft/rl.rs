@@ -181,6 +181,14 @@ pub struct RlConfig {
     /// learning of the answers the grammar-guided policy got right, so the unconstrained policy
     /// (free decoding) learns them; PPO's clip bounds it per step. 0: off.
     pub success_bonus: f32,
+    /// PPO-ptx ([`crate::rft::ptx`]): the coefficient of stage 1's supervised loss (mean token
+    /// cross-entropy of examples of its training data) added to every minibatch update. 0: off.
+    pub ptx_coef: f32,
+    /// With `ptx_coef`: tokens of supervised examples per minibatch update.
+    pub ptx_tokens: usize,
+    /// Scales the advantages of the policy-gradient term (1: the algorithm as written; 0 leaves
+    /// only the KL and ptx terms, the ablation that shows what the rewards add).
+    pub policy_coef: f32,
 }
 
 impl Default for RlConfig {
@@ -232,6 +240,9 @@ impl Default for RlConfig {
             dual_clip: 0.0,
             free_per_group: 0,
             success_bonus: 0.0,
+            ptx_coef: 0.0,
+            ptx_tokens: 2048,
+            policy_coef: 1.0,
         }
     }
 }
@@ -292,6 +303,9 @@ pub struct RlMetrics {
     /// Mean share of the policy's probability the grammar banned, over the constrained steps of
     /// the rollouts, per subtask (`1 - pi(A)`; what free decoding would have put elsewhere).
     pub override_mass: BTreeMap<String, f64>,
+    /// Mean token cross-entropy of the ptx term's supervised examples (before its coefficient;
+    /// 0 when off).
+    pub ptx_loss: f64,
     /// Mean `-log pi(A)` over the restricted tokens of the update (the grammar-distillation
     /// loss before its coefficient; 0 without restricted tokens).
     pub distill_loss: f64,
@@ -597,6 +611,8 @@ pub struct RlTrainer<B: Backend> {
     pub exec: Option<std::sync::Arc<crate::rft::exec_reward::ExecReward>>,
     /// Saturated-subtask streaks of dynamic sampling (not checkpointed).
     pub saturation: crate::rft::dynamic::Saturation,
+    /// The supervised examples of the ptx term (`cfg.ptx_coef`; [`crate::rft::ptx`]).
+    pub ptx: Vec<Sequence>,
 }
 
 /// One rollout of a step, as written to `rollouts.jsonl`.
@@ -647,6 +663,20 @@ impl<B: Backend> RlTrainer<B> {
             cfg.dual_clip == 0.0 || (cfg.dual_clip.is_finite() && cfg.dual_clip > 1.0),
             "stage2.dual_clip must be 0 (off) or above 1, got {}",
             cfg.dual_clip
+        );
+        anyhow::ensure!(
+            cfg.ptx_coef.is_finite() && cfg.ptx_coef >= 0.0,
+            "stage2.ptx_coef must be 0 or positive, got {}",
+            cfg.ptx_coef
+        );
+        anyhow::ensure!(
+            cfg.ptx_coef == 0.0 || cfg.ptx_tokens > 0,
+            "stage2.ptx_tokens must be positive when stage2.ptx_coef is set"
+        );
+        anyhow::ensure!(
+            cfg.policy_coef.is_finite() && cfg.policy_coef >= 0.0,
+            "stage2.policy_coef must be 0 or positive, got {}",
+            cfg.policy_coef
         );
         anyhow::ensure!(
             cfg.tis_cap.is_finite() && cfg.tis_cap > 0.0,
@@ -711,6 +741,7 @@ impl<B: Backend> RlTrainer<B> {
             lora,
             exec: None,
             saturation: Default::default(),
+            ptx: Vec::new(),
         })
     }
 
@@ -1158,6 +1189,9 @@ impl<B: Backend> RlTrainer<B> {
         if cfg.success_bonus > 0.0 {
             add_success_bonus(&mut adv, &live_scores, cfg.success_bonus);
         }
+        if cfg.policy_coef != 1.0 {
+            adv.iter_mut().flatten().for_each(|a| *a *= cfg.policy_coef);
+        }
         if let Some(f) = &self.fault {
             f.on_advantages(self.step, &mut adv);
         }
@@ -1178,6 +1212,8 @@ impl<B: Backend> RlTrainer<B> {
             (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
         let (mut vl_sum, mut ev_sum) = (0.0, 0.0);
         let (mut distill_sum, mut distill_n) = (0.0f64, 0usize);
+        let mut ptx_sum = 0.0f64;
+        let ptx_lens: Vec<usize> = self.ptx.iter().map(|s| s.ids.len()).collect();
         let mut order: Vec<usize> = (0..live.len()).collect();
         for epoch in 0..cfg.ppo_epochs {
             let mut r = SplitMix::new(random_u64(cfg.seed, self.step as u64, 0xe0 + epoch as u64));
@@ -1276,6 +1312,18 @@ impl<B: Backend> RlTrainer<B> {
                     &g_ent_t,
                     &mut grads,
                 )?;
+                if cfg.ptx_coef > 0.0 && !self.ptx.is_empty() {
+                    let seed = crate::rft::ptx::batch_seed(cfg.seed, self.step, epoch, nmb);
+                    let pick = crate::rft::ptx::draw(&ptx_lens, cfg.ptx_tokens, seed);
+                    let seqs: Vec<Sequence> = pick.iter().map(|&i| self.ptx[i].clone()).collect();
+                    ptx_sum += crate::rft::ptx::accumulate(
+                        policy,
+                        self.lora.as_ref(),
+                        &seqs,
+                        cfg.ptx_coef,
+                        &mut grads,
+                    )?;
+                }
                 let params = match self.lora.as_mut() {
                     Some(l) => l.params_mut(),
                     None => model_params_mut(policy),
@@ -1300,6 +1348,7 @@ impl<B: Backend> RlTrainer<B> {
         };
         m.clip_frac = clip_sum / nmb_f;
         m.distill_loss = distill_sum / distill_n.max(1) as f64;
+        m.ptx_loss = ptx_sum / nmb_f;
         if nmb == 0 {
             m.health.lr = cfg.lr as f64;
         }

@@ -29,6 +29,9 @@ pub struct RlRun {
     /// What the run runs on: written as an `{"event": "start", ...}` line to `metrics.jsonl` at
     /// every (re)start.
     pub device: Option<DeviceInfo>,
+    /// The supervised data of the ptx term (chat JSONL, stage 1's training data); needed when
+    /// `stage2.ptx_coef` is set.
+    pub ptx_data: Option<PathBuf>,
 }
 
 /// What a run produced.
@@ -132,6 +135,15 @@ fn run_rl_inner<B: Backend>(
     let mut trainer = RlTrainer::new(&policy, &tok, items, cfg.clone())?;
     trainer.fault = fault;
     trainer.exec = exec;
+    if cfg.ptx_coef > 0.0 {
+        let Some(path) = &run.ptx_data else {
+            anyhow::bail!(
+                "stage2.ptx_coef is set but no ptx data was given (stage 1's training data)"
+            );
+        };
+        trainer.ptx =
+            crate::rft::ptx::load(path, &tok, cfg.max_prompt_tokens + cfg.max_new_tokens)?;
+    }
     let weight_bytes = held_weight_bytes(&policy, reference.as_ref(), &trainer);
     let existing = checkpoint::list(&root)?;
     let mut history = Vec::new();
