@@ -38,6 +38,7 @@ fn peak_rss_mib() -> f64 {
 }
 
 fn main() {
+    sorft::engine::cpu::heap::keep_freed_buffers();
     let tmp = tempfile::tempdir().expect("temporary directory");
     let dir = match std::env::var("SORFT_BENCH_MODEL") {
         Ok(d) => std::path::PathBuf::from(d),

@@ -5,6 +5,7 @@ mod cli;
 use clap::Parser;
 
 fn main() {
+    sorft::engine::cpu::heap::keep_freed_buffers();
     let args = cli::Cli::parse();
     cli::init_logging(args.verbose);
     if let Some(t) = args.threads {

@@ -4,6 +4,7 @@
 mod attention;
 mod attn_train;
 mod grad;
+pub mod heap;
 mod kv_rows;
 pub mod matmul;
 mod ops;
